@@ -1,0 +1,40 @@
+# Every target builds its own virtual environment from the project's files.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint typecheck unit demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## The main job: a short simulated run of two tenants through the core policies.
+demo: $(STAMP)
+	$(BIN)/fairpool demo
+
+## The fast test tier: lint, format, type-check the core, unit and property tests.
+test: lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+## Micro-benchmarks; results land in bench/results/.
+bench: $(STAMP)
+	$(BIN)/python bench/bench_radix.py
+	$(BIN)/python bench/bench_routing.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

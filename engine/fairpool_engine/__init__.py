@@ -1,0 +1,1 @@
+"""fairpool_engine: placeholder package, filled in by its own component."""

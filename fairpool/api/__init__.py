@@ -1,0 +1,1 @@
+"""API models of InferencePool and TenantQuota (filled in with the operator)."""

@@ -1,0 +1,1 @@
+"""Pipeline chains over heterogeneous GPUs (seed 003); filled in with pipeline pools."""

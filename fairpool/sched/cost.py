@@ -1,0 +1,61 @@
+"""The service a request costs, and the weights that scale each tenant's share.
+
+Service is `w_e · extend_tokens + w_q · output_tokens` (DLPM, arXiv 2501.14312, §3,
+Table 1; VTC, OSDI'24, §3.1 names the same pair w_p and w_q). Extend tokens are the
+prompt tokens not served from the prefix cache, so a cache hit is free to the tenant.
+Both papers use w_e = 1 and w_q = 2. A tenant of weight w has its counters advance by
+service / w (VTC §4.3), so it is entitled to w times the service of a weight-1 tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from fairpool.sched.errors import ConfigError, require_non_negative, require_positive
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Weights of extend (uncached prompt) tokens and output tokens."""
+
+    extend_weight: float = 1.0
+    output_weight: float = 2.0
+
+    def __post_init__(self) -> None:
+        require_non_negative("extend_weight", self.extend_weight)
+        require_non_negative("output_weight", self.output_weight)
+        if self.extend_weight == 0 and self.output_weight == 0:
+            raise ConfigError("output_weight", "extend_weight and output_weight cannot both be 0")
+
+    def service(self, extend_tokens: int, output_tokens: int) -> float:
+        return self.extend_weight * extend_tokens + self.output_weight * output_tokens
+
+    def prefill(self, prompt_tokens: int, cached_tokens: int) -> float:
+        """Service of admitting a prompt whose first `cached_tokens` are cache hits."""
+        return self.extend_weight * max(prompt_tokens - cached_tokens, 0)
+
+    def decode(self, output_tokens: int = 1) -> float:
+        return self.output_weight * output_tokens
+
+
+class TenantWeights(Mapping[str, float]):
+    """Tenant → weight, with a default (1) for tenants nobody configured."""
+
+    def __init__(self, weights: Mapping[str, float] | None = None, default: float = 1.0) -> None:
+        self.default = require_positive("default_weight", default)
+        self._weights: dict[str, float] = {}
+        for tenant, weight in (weights or {}).items():
+            self._weights[tenant] = require_positive(f"weights[{tenant}]", weight)
+
+    def __getitem__(self, tenant: str) -> float:
+        return self._weights.get(tenant, self.default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def __repr__(self) -> str:
+        return f"TenantWeights({self._weights!r}, default={self.default})"

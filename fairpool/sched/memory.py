@@ -1,0 +1,68 @@
+"""Memory-safe admission: never let KV memory overflow at a future completion time.
+
+Jaillet, Jiang, Podimata, Zhou, "Online Scheduling for LLM Inference with KV Cache
+Constraints" (arXiv 2502.07115 v1), §4, Eq. (1) and Algorithm 2 (called MC-SF,
+"memory-constrained shortest first", in later versions). A set of running requests plus
+candidates is feasible iff, for every future step τ,
+
+    Σ_{j still running at τ} (held_j + τ) ≤ M,
+
+where held_j is the KV tokens request j holds now and it keeps growing by one token per
+step until it has produced its predicted output. Memory only peaks when some request
+completes, so checking τ at the completion steps suffices (the paper's checkpoint lemma);
+unlike the paper's listing we include the candidate's own completion step, without which
+the check is wrong (reference digest §A.2).
+
+Counting convention: a request with r tokens still to generate holds held + τ at every
+τ ≤ r, including τ = r (the paper's Eq. (1), "Convention E1"): one token more than a
+vLLM-style engine stores, so the check errs on the safe side.
+
+Output lengths are not known in advance; a predictor gives them (default: the request's
+`max_tokens`, which makes the check a guarantee rather than an estimate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from fairpool.sched.requests import EngineView, Request, Running
+
+OutputPredictor = Callable[[Request], int]
+
+
+def predict_max_tokens(request: Request) -> int:
+    return request.max_tokens
+
+
+def projected_peak(demands: Iterable[tuple[int, int]]) -> int:
+    """Largest future KV usage of requests given as (tokens held now, tokens still to come).
+
+    Sweeps completion steps from the last to the first, keeping the held tokens and the
+    count of requests still running at each: O(n log n).
+    """
+    ordered = sorted(demands, key=lambda demand: demand[1], reverse=True)
+    peak = 0
+    held = 0
+    count = 0
+    index = 0
+    while index < len(ordered):
+        step = ordered[index][1]
+        while index < len(ordered) and ordered[index][1] == step:
+            held += ordered[index][0]
+            count += 1
+            index += 1
+        peak = max(peak, held + step * count)
+    return peak
+
+
+def remaining_output(running: Running, predictor: OutputPredictor) -> int:
+    return max(predictor(running.request) - running.output_tokens, 0)
+
+
+def admission_is_memory_safe(
+    view: EngineView, candidate: Request, predictor: OutputPredictor = predict_max_tokens
+) -> bool:
+    """Would admitting `candidate` keep every future completion step within M?"""
+    demands = [(r.held_tokens, remaining_output(r, predictor)) for r in view.running]
+    demands.append((candidate.prompt_tokens, predictor(candidate)))
+    return projected_peak(demands) <= view.memory_tokens

@@ -1,0 +1,231 @@
+"""The interface of local policies: what one engine admits next, and who pays for it.
+
+An engine drives a policy with events:
+
+- `add(request)` when a request arrives, `remove(request_id)` when it is aborted;
+- `next_request(view)` for the request the policy wants admitted next (None: stop
+  admitting for this step). The engine then tries to fit it; if it does not fit, the engine
+  stops the pass there (head-of-line, as vLLM, SGLang and all four papers do) and asks
+  again next step. If it fits, the engine calls `admit(request_id, cached_tokens)`, which
+  charges the prefill of the uncached tokens;
+- `record_output(request_id, n)` as tokens are generated, which charges decode;
+- `preempt(request_id)` when the engine evicts a running request to recompute it later:
+  it goes back to the front of the waiting queue and is not charged again;
+- `finish(request_id)` when it completes.
+
+`next_request` has no side effects beyond the policy's own bookkeeping of rounds (DLPM's
+refill), so an engine may call it repeatedly before admitting, as vLLM's
+`peek_request`/`pop_request` queue interface does.
+
+Memory-safe admission (seed 002, Algorithm 2) combines with any order: with
+`memory_safe=True` the policy returns None instead of a request whose admission could
+overflow KV memory at a future completion time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.errors import ConfigError, require_count
+from fairpool.sched.memory import OutputPredictor, admission_is_memory_safe, predict_max_tokens
+from fairpool.sched.requests import EngineView, Request, Running
+
+
+@dataclass
+class Waiting:
+    """A queued request; `order` sorts FCFS (preempted requests get negative orders)."""
+
+    request: Request
+    order: int
+    charged: bool = False  # prefill already paid at an earlier admission
+
+
+class LocalPolicy(ABC):
+    """Base of all local policies: queues, running set, charging, memory-safe admission."""
+
+    name: ClassVar[str]
+    #: Per-step limits the policy imposes; None means the engine's own.
+    token_budget: int | None = None
+    max_decodes: int | None = None
+
+    def __init__(
+        self,
+        cost: CostModel | None = None,
+        weights: TenantWeights | None = None,
+        memory_safe: bool = False,
+        predictor: OutputPredictor | None = None,
+    ) -> None:
+        self.cost = cost or CostModel()
+        self.weights = weights or TenantWeights()
+        self.memory_safe = memory_safe
+        self.predictor: OutputPredictor = predictor or predict_max_tokens
+        self.served: dict[str, float] = defaultdict(float)
+        self._queues: dict[str, deque[Waiting]] = {}
+        self._waiting: dict[str, Waiting] = {}
+        self._running: dict[str, Request] = {}
+        self._running_per_tenant: dict[str, int] = defaultdict(int)
+        self._arrivals = itertools.count()
+        self._requeues = itertools.count(start=-1, step=-1)
+
+    # ------------------------------------------------------------------ events
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self._waiting or request.request_id in self._running:
+            raise ConfigError("request_id", f"{request.request_id!r} is already queued or running")
+        tenant = request.tenant
+        if not self._queues.get(tenant):
+            self._on_join(tenant, idle=self._running_per_tenant[tenant] == 0)
+        self._enqueue(Waiting(request, next(self._arrivals)), front=False)
+
+    def remove(self, request_id: str) -> bool:
+        """Abort a waiting or running request; False if the policy does not know it."""
+        if request_id in self._waiting:
+            self._dequeue(self._waiting[request_id])
+            return True
+        if request_id in self._running:
+            self.finish(request_id)
+            return True
+        return False
+
+    def next_request(self, view: EngineView) -> Request | None:
+        entry = self._select(view)
+        if entry is None:
+            return None
+        if self.memory_safe and not admission_is_memory_safe(view, entry.request, self.predictor):
+            return None
+        return entry.request
+
+    def admit(self, request_id: str, cached_tokens: int = 0) -> float:
+        """The engine started serving `request_id`; returns the service charged."""
+        entry = self._waiting.get(request_id)
+        if entry is None:
+            raise ConfigError("request_id", f"{request_id!r} is not waiting")
+        request = entry.request
+        require_count("cached_tokens", cached_tokens, minimum=0)
+        self._dequeue(entry)
+        self._running[request_id] = request
+        self._running_per_tenant[request.tenant] += 1
+        if entry.charged:
+            return 0.0
+        return self._charge(request.tenant, self.cost.prefill(request.prompt_tokens, cached_tokens))
+
+    def record_output(self, request_id: str, tokens: int = 1) -> float:
+        """`tokens` more output tokens were generated for a running request."""
+        request = self._running.get(request_id)
+        if request is None:
+            raise ConfigError("request_id", f"{request_id!r} is not running")
+        return self._charge(request.tenant, self.cost.decode(tokens))
+
+    def preempt(self, request_id: str) -> None:
+        """Send a running request back to the front of the queue, already paid for."""
+        request = self._pop_running(request_id)
+        self._enqueue(Waiting(request, next(self._requeues), charged=True), front=True)
+
+    def finish(self, request_id: str) -> None:
+        self._pop_running(request_id)
+
+    # ------------------------------------------------------------------ batch shape
+
+    def split_decodes(self, view: EngineView) -> tuple[list[Running], list[Running]]:
+        """Running requests to decode this step: (first, before prefills; after, if room).
+
+        Every policy but SLAI decodes everything first, as vLLM and SGLang do.
+        """
+        return [r for r in view.running if r.decoding], []
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    def waiting_tenants(self) -> list[str]:
+        return [tenant for tenant, queue in self._queues.items() if queue]
+
+    def tenant_waiting(self, tenant: str) -> int:
+        return len(self._queues.get(tenant, ()))
+
+    def tenant_running(self, tenant: str) -> int:
+        return self._running_per_tenant.get(tenant, 0)
+
+    def is_active(self, tenant: str) -> bool:
+        return bool(self._queues.get(tenant)) or self._running_per_tenant.get(tenant, 0) > 0
+
+    def tenant_state(self) -> dict[str, float]:
+        """The per-tenant quantity the policy schedules by (counter, deficit); {} if none."""
+        return {}
+
+    def waiting(self) -> Iterator[Waiting]:
+        return iter(self._waiting.values())
+
+    # ------------------------------------------------------------------ for subclasses
+
+    @abstractmethod
+    def _select(self, view: EngineView) -> Waiting | None:
+        """The waiting request this policy would admit next."""
+
+    def _on_join(self, tenant: str, idle: bool) -> None:
+        """`tenant` had no waiting request and now gets one; `idle`: nothing running either."""
+
+    def _on_charge(self, tenant: str, service: float) -> None:
+        """`tenant` received `service` (already in token-service units, not weighted)."""
+
+    def _on_leave(self, tenant: str) -> None:
+        """`tenant`'s last waiting request left the queue."""
+
+    def _heads(self) -> Iterator[Waiting]:
+        """The earliest waiting request of every tenant that has one."""
+        return (queue[0] for queue in self._queues.values() if queue)
+
+    def _best(self, entries: Iterator[Waiting], key: Callable[[Waiting], object]) -> Waiting | None:
+        return min(entries, key=key, default=None)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ internals
+
+    def _charge(self, tenant: str, service: float) -> float:
+        self.served[tenant] += service
+        self._on_charge(tenant, service)
+        return service
+
+    def _enqueue(self, entry: Waiting, front: bool) -> None:
+        queue = self._queues.setdefault(entry.request.tenant, deque())
+        if front:
+            queue.appendleft(entry)
+        else:
+            queue.append(entry)
+        self._waiting[entry.request.request_id] = entry
+
+    def _dequeue(self, entry: Waiting) -> None:
+        tenant = entry.request.tenant
+        queue = self._queues[tenant]
+        if queue[0] is entry:
+            queue.popleft()
+        else:
+            queue.remove(entry)
+        del self._waiting[entry.request.request_id]
+        if not queue:
+            self._on_leave(tenant)
+
+    def _pop_running(self, request_id: str) -> Request:
+        request = self._running.pop(request_id, None)
+        if request is None:
+            raise ConfigError("request_id", f"{request_id!r} is not running")
+        self._running_per_tenant[request.tenant] -= 1
+        return request
+
+
+def fcfs_key(entry: Waiting) -> int:
+    return entry.order
+
+
+__all__ = ["LocalPolicy", "OutputPredictor", "Waiting", "fcfs_key"]

@@ -1,0 +1,17 @@
+"""Routers: which worker of a pool gets a request."""
+
+from fairpool.sched.routers.base import PrefixRouter, Router, RouteRequest, WorkerState
+from fairpool.sched.routers.cache_aware import CacheAware
+from fairpool.sched.routers.d2lpm import D2LPM
+from fairpool.sched.routers.simple import LeastLoad, RoundRobin
+
+__all__ = [
+    "D2LPM",
+    "CacheAware",
+    "LeastLoad",
+    "PrefixRouter",
+    "RoundRobin",
+    "RouteRequest",
+    "Router",
+    "WorkerState",
+]

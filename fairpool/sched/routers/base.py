@@ -1,0 +1,178 @@
+"""The interface of routers: which worker of a pool gets a request.
+
+A router tracks the pool's workers (outstanding requests it dispatched, KV usage the
+engines report), and is told of dispatches, completions and cache evictions:
+
+- `route(request)` picks a worker and counts the request as outstanding there;
+- `complete(request_id, output_tokens)` when the answer is done (or failed);
+- `evicted(key, worker)` when a worker reports a prefix gone from its cache;
+- `update_load(worker, ...)` with what a worker's metrics say;
+- `add_worker` / `remove_worker` as the pool changes.
+
+Prefix-aware routers keep an approximate radix tree of the keys they routed — text at the
+gateway, token ids in the simulator — that learns from their own decisions and forgets by
+LRU under a size bound, like SGLang's router.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from fairpool.sched.errors import ConfigError, require_count, require_non_negative
+from fairpool.sched.radix import RadixTree
+
+DEFAULT_TREE_TOKENS = 1 << 22
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a router sees of a request: the tenant, the prefix key, and its size."""
+
+    request_id: str
+    tenant: str
+    key: Sequence[Any]  # prompt text or token ids; one kind per router
+    input_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise ConfigError("request_id", "must be a non-empty string")
+        if not self.tenant:
+            raise ConfigError("tenant", "must be a non-empty string")
+        require_count("input_tokens", self.input_tokens, minimum=0)
+
+
+@dataclass
+class WorkerState:
+    worker_id: str
+    outstanding: int = 0  # s_w: requests dispatched and not yet complete
+    kv_usage: float = 0.0  # 0..1, as the engine last reported
+    waiting: int = 0  # the engine's own queue, as last reported
+    dispatched: int = 0  # total requests sent here
+
+
+@dataclass
+class _InFlight:
+    worker_id: str
+    tenant: str
+
+
+class Router(ABC):
+    """Base of all routers: worker table, in-flight requests and their bookkeeping."""
+
+    name: ClassVar[str]
+
+    def __init__(self, workers: Iterable[str] = ()) -> None:
+        self.workers: dict[str, WorkerState] = {}
+        self._in_flight: dict[str, _InFlight] = {}
+        for worker in workers:
+            self.add_worker(worker)
+
+    # ------------------------------------------------------------------ pool
+
+    def add_worker(self, worker_id: str) -> None:
+        if not isinstance(worker_id, str) or not worker_id:
+            raise ConfigError("worker_id", f"must be a non-empty string, got {worker_id!r}")
+        self.workers.setdefault(worker_id, WorkerState(worker_id))
+
+    def remove_worker(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    def update_load(
+        self, worker_id: str, kv_usage: float | None = None, waiting: int | None = None
+    ) -> None:
+        state = self._worker(worker_id)
+        if kv_usage is not None:
+            state.kv_usage = require_non_negative("kv_usage", kv_usage)
+        if waiting is not None:
+            state.waiting = require_count("waiting", waiting)
+
+    # ------------------------------------------------------------------ requests
+
+    def route(self, request: RouteRequest) -> str:
+        if not self.workers:
+            raise ConfigError("workers", "the pool has no workers to route to")
+        if request.request_id in self._in_flight:
+            raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
+        worker_id = self._choose(request)
+        state = self.workers[worker_id]
+        state.outstanding += 1
+        state.dispatched += 1
+        self._in_flight[request.request_id] = _InFlight(worker_id, request.tenant)
+        self._dispatched(request, worker_id)
+        return worker_id
+
+    def complete(self, request_id: str, output_tokens: int = 0) -> None:
+        """The request finished (or failed) after producing `output_tokens`."""
+        flight = self._in_flight.pop(request_id, None)
+        if flight is None:
+            raise ConfigError("request_id", f"{request_id!r} is not in flight")
+        require_count("output_tokens", output_tokens)
+        state = self.workers.get(flight.worker_id)
+        if state is not None:
+            state.outstanding -= 1
+        self._completed(flight.tenant, flight.worker_id, output_tokens)
+
+    def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:
+        """`worker_id` dropped `key` (beyond `keep` elements) from its prefix cache."""
+
+    def in_flight(self, request_id: str) -> str | None:
+        flight = self._in_flight.get(request_id)
+        return flight.worker_id if flight else None
+
+    # ------------------------------------------------------------------ for subclasses
+
+    @abstractmethod
+    def _choose(self, request: RouteRequest) -> str:
+        """The worker for `request` (the pool is not empty)."""
+
+    def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
+        """`request` was sent to `worker_id`."""
+
+    def _completed(self, tenant: str, worker_id: str, output_tokens: int) -> None:
+        """A request of `tenant` on `worker_id` completed."""
+
+    def _least_loaded(self, candidates: Iterable[str]) -> str:
+        """Fewest outstanding requests; ties by KV usage, then fewest ever dispatched."""
+        return min(
+            candidates,
+            key=lambda worker: (
+                self.workers[worker].outstanding,
+                self.workers[worker].kv_usage,
+                self.workers[worker].dispatched,
+                worker,
+            ),
+        )
+
+    def _worker(self, worker_id: str) -> WorkerState:
+        state = self.workers.get(worker_id)
+        if state is None:
+            raise ConfigError("worker_id", f"unknown worker {worker_id!r}")
+        return state
+
+
+class PrefixRouter(Router):
+    """A router that keeps an approximate prefix tree of what it sent where."""
+
+    def __init__(
+        self, workers: Iterable[str] = (), max_tree_tokens: int = DEFAULT_TREE_TOKENS
+    ) -> None:
+        self.tree = RadixTree(max_tokens=require_count("max_tree_tokens", max_tree_tokens, 1))
+        super().__init__(workers)
+
+    def remove_worker(self, worker_id: str) -> None:
+        super().remove_worker(worker_id)
+        self.tree.remove_owner(worker_id)
+
+    def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:
+        self.tree.evict(key, worker_id, keep)
+
+    def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
+        self.tree.insert(request.key, worker_id)
+
+    def _longest_match(self, request: RouteRequest) -> tuple[int, list[str]]:
+        """Longest cached prefix of the key and the live workers holding all of it."""
+        match = self.tree.match(request.key)
+        return match.length, [w for w in match.owners if isinstance(w, str) and w in self.workers]

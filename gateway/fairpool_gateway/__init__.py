@@ -1,0 +1,1 @@
+"""fairpool_gateway: placeholder package, filled in by its own component."""

@@ -1,0 +1,1 @@
+"""fairpool_operator: placeholder package, filled in by its own component."""

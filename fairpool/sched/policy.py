@@ -158,6 +158,11 @@ class LocalPolicy(ABC):
     def tenant_running(self, tenant: str) -> int:
         return self._running_per_tenant.get(tenant, 0)
 
+    def active_tenants(self) -> set[str]:
+        """Tenants with a waiting or a running request."""
+        running = {tenant for tenant, count in self._running_per_tenant.items() if count}
+        return running.union(self.waiting_tenants())
+
     def is_active(self, tenant: str) -> bool:
         return bool(self._queues.get(tenant)) or self._running_per_tenant.get(tenant, 0) > 0
 

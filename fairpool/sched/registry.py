@@ -60,6 +60,12 @@ def make_router(
     return _construct("router", cls, options)
 
 
+def policy_parameters(name: str) -> set[str]:
+    """The parameters a policy accepts (beyond cost and weights)."""
+    base, _ = _split_modifier(name)
+    return _accepted_parameters(_lookup("policy", base, POLICIES)) - {"cost", "weights"}
+
+
 def policy_names() -> list[str]:
     return [*POLICIES, *(f"{name}{MEMORY_SAFE_SUFFIX}" for name in POLICIES if name != "mcsf")]
 

@@ -93,9 +93,7 @@ class DLPM(LocalPolicy):
             for tenant in waiting
         )
         self.refill_rounds += rounds
-        for tenant in list(self.deficits):
-            if not self.is_active(tenant):
-                continue
+        for tenant in self.active_tenants():
             quantum = self.tenant_quantum(tenant)
             needed = refills_to_credit(self.deficits[tenant], quantum)
             self.deficits[tenant] += min(rounds, needed) * quantum

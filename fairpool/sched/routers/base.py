@@ -57,6 +57,7 @@ class WorkerState:
 class _InFlight:
     worker_id: str
     tenant: str
+    orphaned: bool = False  # its worker left the pool while it was in flight
 
 
 class Router(ABC):
@@ -78,7 +79,13 @@ class Router(ABC):
         self.workers.setdefault(worker_id, WorkerState(worker_id))
 
     def remove_worker(self, worker_id: str) -> None:
-        self.workers.pop(worker_id, None)
+        if self.workers.pop(worker_id, None) is None:
+            return
+        # Requests still in flight there complete without touching a worker re-added
+        # under the same id later.
+        for flight in self._in_flight.values():
+            if flight.worker_id == worker_id:
+                flight.orphaned = True
 
     def update_load(
         self, worker_id: str, kv_usage: float | None = None, waiting: int | None = None
@@ -106,13 +113,13 @@ class Router(ABC):
 
     def complete(self, request_id: str, output_tokens: int = 0) -> None:
         """The request finished (or failed) after producing `output_tokens`."""
+        require_count("output_tokens", output_tokens)
         flight = self._in_flight.pop(request_id, None)
         if flight is None:
             raise ConfigError("request_id", f"{request_id!r} is not in flight")
-        require_count("output_tokens", output_tokens)
-        state = self.workers.get(flight.worker_id)
-        if state is not None:
-            state.outstanding -= 1
+        if flight.orphaned:
+            return
+        self.workers[flight.worker_id].outstanding -= 1
         self._completed(flight.tenant, flight.worker_id, output_tokens)
 
     def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:

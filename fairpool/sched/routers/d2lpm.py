@@ -84,8 +84,8 @@ class D2LPM(PrefixRouter):
             deficits[worker] += rounds * quantum
 
     def _choose(self, request: RouteRequest) -> str:
+        _, holders = self._longest_match(request)  # first: it raises on a bad key
         available = self.available(request.tenant)
-        _, holders = self._longest_match(request)
         candidates = [worker for worker in holders if worker in available] if holders else []
         if not holders:
             candidates = available  # empty match: every worker holds it

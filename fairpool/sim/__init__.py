@@ -1,0 +1,1 @@
+"""Simulation in virtual time: engines, workloads and reports, on the core policies."""

@@ -232,8 +232,8 @@ class RadixTree:
                 return 0  # seq leaves the tree before `keep`
             node = child
             position += common
-        if position + common <= keep:
-            return 0  # the tree does not hold seq[keep]
+        if position + common <= keep or owner not in child.owners:
+            return 0  # the tree, or at least `owner`, does not hold seq[keep]
         if keep > position:
             self._split(child, keep - position)  # `child` keeps the lower part
         return self._remove_owner_below(child, owner)
@@ -404,6 +404,10 @@ class RadixTree:
         parent = node.parent
         assert parent is not None
         del parent.children[node.key[0]]
+        if node.refs:
+            # Locks inside the subtree stop at its detached top when unlocked, so take
+            # their counts off the ancestors that stay in the tree now.
+            self._add_refs(parent, -node.refs)
         removed = 0
         stack = [node]
         while stack:

@@ -1,0 +1,105 @@
+"""The `fairpool` command and the repository layout rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fairpool.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_prints_a_fairness_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    code = main(
+        [
+            "demo",
+            "--duration",
+            "10",
+            "--policy",
+            "vtc",
+            "--policy",
+            "fcfs",
+            "--scenario",
+            "overload",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "overload" in printed and "vtc" in printed and "Jain" in printed
+    results = json.loads(out.read_text())
+    assert {r["policy"] for r in results} == {"vtc", "fcfs"}
+    assert {t["tenant"] for t in results[0]["tenants"]} == {"a", "b"}
+
+
+def test_unknown_policy_is_a_clear_error_without_traceback(capsys):
+    assert main(["demo", "--duration", "1", "--policy", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "policy" in err and "nope" in err and "Traceback" not in err
+
+
+def test_bad_duration_names_the_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--duration", "-3"])
+    assert "--duration" in capsys.readouterr().err
+
+
+def test_policies_lists_every_registered_policy(capsys):
+    assert main(["policies"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("fcfs", "lpm", "vtc", "dlpm", "mcsf", "slai", "+memsafe"):
+        assert name in printed
+
+
+def test_console_script_runs():
+    fairpool = Path(sys.executable).parent / "fairpool"
+    result = subprocess.run([str(fairpool), "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and "fairpool" in result.stdout
+
+
+@pytest.mark.parametrize("component", ["operator", "gateway", "engine"])
+def test_component_folders_have_no_init_of_their_own(component):
+    assert not (ROOT / component / "__init__.py").exists()
+    assert (ROOT / component / f"fairpool_{component}" / "__init__.py").exists()
+
+
+def test_import_operator_is_the_standard_library_even_with_the_root_first_on_sys_path():
+    probe = (
+        "import sys; sys.modules.pop('operator', None); sys.path.insert(0, sys.argv[1]); "
+        "import operator; assert hasattr(operator, 'itemgetter'), operator"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(ROOT)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_python_dash_m_works_from_the_repository_root():
+    result = subprocess.run(
+        [sys.executable, "-m", "fairpool.cli", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_packaging_lists_every_package_on_disk():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(config["packages"])
+    on_disk = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for path in (ROOT / "fairpool").rglob("__init__.py")
+    }
+    mapped = set(config["package-dir"])
+    assert on_disk | mapped == declared
+    for package, folder in config["package-dir"].items():
+        assert (ROOT / folder / "__init__.py").exists(), package

@@ -1,0 +1,46 @@
+"""Memory-safe admission (seed 002, Eq. 1 and Algorithm 2) on hand-checked cases."""
+
+from __future__ import annotations
+
+from helpers import request, view
+
+from fairpool.sched import Running
+from fairpool.sched.memory import admission_is_memory_safe, projected_peak
+
+
+def test_peak_is_at_a_completion_step():
+    # held 10 finishing in 5 steps, held 0 finishing in 20: at step 5 both run (15 + 5),
+    # at step 20 only the second (20).
+    assert projected_peak([(10, 5), (0, 20)]) == 20
+    assert projected_peak([(10, 5), (0, 6)]) == 15 + 5
+    assert projected_peak([]) == 0
+
+
+def test_two_jobs_whose_final_sizes_exceed_memory_can_still_run_together():
+    """§2.3: P1 finishes before P2 grows large, so both fit although s+o1 + s+o2 > M."""
+    running = [Running(request(prompt=2, max_tokens=4))]
+    candidate = request(prompt=2, max_tokens=8)
+    assert (2 + 4) + (2 + 8) > 12
+    assert admission_is_memory_safe(view(memory=12, running=running), candidate)
+
+
+def test_the_candidates_own_completion_is_a_checkpoint():
+    """The paper's listing checks only the running requests' completion steps: wrong."""
+    running = [Running(request(prompt=10, max_tokens=2))]
+    candidate = request(prompt=5, max_tokens=30)  # alone it needs 35 at its last step
+    assert projected_peak([(10, 2), (5, 2)]) <= 30  # the running request's checkpoint passes
+    assert not admission_is_memory_safe(view(memory=30, running=running), candidate)
+
+
+def test_running_requests_count_what_they_have_generated():
+    started = Running(request(prompt=10, max_tokens=20), output_tokens=15)
+    # holds 25 now, 5 more to come: peak 30 alone, 30 + (1 + 5) with the candidate at step 5
+    candidate = request(prompt=1, max_tokens=5)
+    assert admission_is_memory_safe(view(memory=36, running=[started]), candidate)
+    assert not admission_is_memory_safe(view(memory=35, running=[started]), candidate)
+
+
+def test_a_custom_predictor_replaces_max_tokens():
+    candidate = request(prompt=10, max_tokens=1000)
+    assert not admission_is_memory_safe(view(memory=100), candidate)
+    assert admission_is_memory_safe(view(memory=100), candidate, predictor=lambda r: 50)

@@ -1,0 +1,74 @@
+"""The virtual-time engine model and the demo built on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairpool.sched import ConfigError, Request, make_policy
+from fairpool.sim import demo
+from fairpool.sim.engine import SimEngine
+
+
+def run_until_idle(engine: SimEngine, limit: int = 100_000) -> None:
+    for _ in range(limit):
+        if engine.idle():
+            return
+        engine.step()
+    raise AssertionError("engine did not drain")
+
+
+def test_requests_sharing_a_prefix_hit_the_cache_and_pay_less():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=5000)
+    shared = list(range(1000))
+    engine.submit(Request("first", "a", 1010, 4), shared + [5000 + i for i in range(10)], 4)
+    run_until_idle(engine)
+    engine.submit(Request("second", "a", 1010, 4), shared + [6000 + i for i in range(10)], 4)
+    run_until_idle(engine)
+    first, second = engine.completions
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == 1000
+    assert engine.policy.served["a"] == pytest.approx((1010 + 10) + 2 * 8)
+
+
+def test_memory_is_never_overcommitted_and_everything_finishes():
+    engine = SimEngine(make_policy("dlpm"), memory_tokens=2000, token_budget=256)
+    for index in range(40):
+        tokens = [index * 1000 + i for i in range(300)]
+        engine.submit(Request(f"r{index}", "ab"[index % 2], 300, 50), tokens, 50)
+    for _ in range(100_000):
+        if engine.idle():
+            break
+        engine.step()
+        assert engine.memory_used <= engine.memory_tokens
+    assert len(engine.completions) == 40
+    assert all(c.output_tokens == 50 for c in engine.completions)
+
+
+def test_a_request_that_can_never_fit_is_refused_with_the_field_named():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=100)
+    with pytest.raises(ConfigError) as error:
+        engine.submit(Request("x", "a", 50, 60), list(range(50)), 10)
+    assert error.value.parameter == "max_tokens"
+
+
+def test_demo_fair_policies_split_overload_evenly_and_fcfs_does_not():
+    shares = {
+        name: {t.tenant: t.share for t in demo.run("overload", name, duration=40).tenants}
+        for name in ("fcfs", "vtc", "dlpm")
+    }
+    assert shares["fcfs"]["a"] > 0.6
+    assert abs(shares["vtc"]["a"] - 0.5) < 0.06
+    assert abs(shares["dlpm"]["a"] - 0.5) < 0.06
+
+
+def test_demo_dlpm_keeps_locality_that_vtc_loses():
+    vtc = demo.run("shared-prefix", "vtc", duration=30)
+    dlpm = demo.run("shared-prefix", "dlpm", duration=30)
+    assert dlpm.cache_hit_rate > vtc.cache_hit_rate + 0.2
+    assert dlpm.throughput > 2 * vtc.throughput
+    assert dlpm.jain_index > 0.98
+
+
+def test_jain_index_bounds():
+    assert demo.jain_index([1, 1, 1]) == pytest.approx(1)
+    assert demo.jain_index([1, 0, 0]) == pytest.approx(1 / 3)

@@ -81,7 +81,7 @@ class D2LPM(PrefixRouter):
         rounds = min(refills_to_credit(deficits[worker], quantum) for worker in self.workers)
         self.refill_rounds += rounds
         for worker in self.workers:
-            deficits[worker] += refills_to_credit(deficits[worker], quantum) * quantum
+            deficits[worker] += rounds * quantum
 
     def _choose(self, request: RouteRequest) -> str:
         _, holders = self._longest_match(request)  # first: it raises on a bad key

@@ -86,9 +86,10 @@ class D2LPM(PrefixRouter):
     def _choose(self, request: RouteRequest) -> str:
         _, holders = self._longest_match(request)  # first: it raises on a bad key
         available = self.available(request.tenant)
-        candidates = [worker for worker in holders if worker in available] if holders else []
         if not holders:
-            candidates = available  # empty match: every worker holds it
+            return self._least_loaded(available)  # empty match: every worker holds it
+        credited = set(available)
+        candidates = [worker for worker in holders if worker in credited]
         return self._least_loaded(candidates or available)
 
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:

@@ -514,9 +514,26 @@ def test_good_constructor_arguments() -> None:
 
 # ---------------------------------------------------------------------------- model-based
 
-TOKENS = st.lists(st.integers(0, 2), max_size=9).map(tuple)
+# Short sequences over a 3-letter alphabet, and long ones glued from chunks that diverge
+# deep inside each other, so that splits and matches go through the prefix compare's
+# bisection (which only starts past its 16-element probe).
+CHUNKS = [
+    (0,) * 20,
+    (0,) * 19 + (1,),
+    (1, 2) * 17,
+    (1, 2) * 16 + (0, 0),
+    (2,) * 40,
+    (2,) * 37 + (1,),
+    (0,),
+    (1,),
+    (2,),
+]
+TOKENS = st.one_of(
+    st.lists(st.integers(0, 2), max_size=9).map(tuple),
+    st.lists(st.sampled_from(CHUNKS), max_size=4).map(lambda chunks: sum(chunks, ())),
+)
 OWNERS = st.sampled_from(["w0", "w1", "w2"])
-KEEPS = st.one_of(st.none(), st.integers(-1, 10))
+KEEPS = st.one_of(st.none(), st.integers(-1, 10), st.integers(-1, 170))
 
 
 class ReferenceModel:

@@ -16,6 +16,7 @@ from fairpool import __version__
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
+from fairpool.sim.plots import plot_service_over_time
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_demo.add_argument("--seed", type=int, default=0)
     run_demo.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    run_demo.add_argument(
+        "--plot", metavar="FILE.png", help="also plot cumulative service per tenant over time"
+    )
     run_demo.set_defaults(handler=_demo)
 
     policies = commands.add_parser("policies", help="list the local policies")
@@ -94,6 +98,8 @@ def _demo(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as out:
             json.dump([asdict(result) for result in results], out, indent=2)
+    if args.plot:
+        console.print(f"plot: {plot_service_over_time(results, args.plot)}")
     return 0
 
 

@@ -40,6 +40,13 @@ def test_demo_prints_a_fairness_table_and_writes_json(tmp_path, capsys):
     assert {t["tenant"] for t in results[0]["tenants"]} == {"a", "b"}
 
 
+def test_demo_plots_service_over_time(tmp_path):
+    out = tmp_path / "service.png"
+    args = ["demo", "--duration", "5", "--policy", "dlpm", "--scenario", "overload"]
+    assert main([*args, "--plot", str(out)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
 def test_unknown_policy_is_a_clear_error_without_traceback(capsys):
     assert main(["demo", "--duration", "1", "--policy", "nope"]) == 2
     err = capsys.readouterr().err

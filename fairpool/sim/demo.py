@@ -28,6 +28,7 @@ from fairpool.sim.engine import SimEngine, StepTime
 DEMO_STEP_TIME = StepTime(base=0.030, per_prefill_token=0.00012, per_decode=0.0006)
 DEMO_MEMORY = 10_000
 DEMO_QUANTUM = 1024.0
+SAMPLE_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class RunResult:
     throughput: float  # (prompt + output) tokens finished per second
     cache_hit_rate: float
     jain_index: float
+    # (virtual time, cumulative service per tenant), sampled once per virtual second
+    service_over_time: list[tuple[float, dict[str, float]]]
 
 
 def jain_index(values: list[float]) -> float:
@@ -123,8 +126,11 @@ def run(
     engine = SimEngine(policy, memory_tokens=DEMO_MEMORY, step_time=DEMO_STEP_TIME)
     arrivals = SCENARIOS[scenario](duration, seed)
     sent: dict[str, int] = {}
+    samples: list[tuple[float, dict[str, float]]] = []
     next_arrival = 0
     while engine.now < duration:
+        if not samples or engine.now >= samples[-1][0] + SAMPLE_INTERVAL:
+            samples.append((engine.now, dict(policy.served)))
         while next_arrival < len(arrivals) and arrivals[next_arrival].time <= engine.now:
             arrival = arrivals[next_arrival]
             engine.submit(arrival.request, arrival.tokens, arrival.output_tokens)
@@ -136,7 +142,8 @@ def run(
             engine.now = arrivals[next_arrival].time
             continue
         engine.step()
-    return _summarise(scenario, policy_name, engine, sent, tenant_weights, duration)
+    samples.append((engine.now, dict(policy.served)))
+    return _summarise(scenario, policy_name, engine, sent, tenant_weights, duration, samples)
 
 
 def _summarise(
@@ -146,6 +153,7 @@ def _summarise(
     sent: dict[str, int],
     weights: TenantWeights,
     duration: float,
+    samples: list[tuple[float, dict[str, float]]],
 ) -> RunResult:
     served = engine.policy.served
     tenants = sorted(sent)
@@ -173,4 +181,5 @@ def _summarise(
         throughput=finished_tokens / max(engine.now, duration),
         cache_hit_rate=engine.cached_prompt_tokens / prompt,
         jain_index=jain_index([served[t] / weights[t] for t in tenants]),
+        service_over_time=samples,
     )

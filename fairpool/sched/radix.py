@@ -9,9 +9,11 @@ One tree serves two places:
 
 Keys are lists of ints (token ids), `str` (text, one element per character) or `bytes`;
 one tree holds one kind. Edges are path-compressed, children are found by their first
-element, and edge labels are compared by slice equality with a binary search for the
-split point, so matching a 4k-token prompt costs a few dozen C-level slice compares rather
-than a Python loop per token.
+element, and a whole edge is compared at once (`startswith` for text and bytes, which
+copies nothing; slice equality for lists), with a binary search for a split point, so
+matching a 4k-token prompt costs one C-level compare per edge on its path rather than a
+Python loop per token. Token lists cost more than text: comparing two lists compares each
+pair of ints, unless they are the same objects.
 
 Invariant: the owners of a node are a subset of its parent's owners. A worker that caches
 a prefix caches every shorter prefix of it, so `insert` adds the owner along the whole path
@@ -179,26 +181,29 @@ class RadixTree:
         Returns how many of `seq`'s elements `owner` did not hold before. May evict
         least recently used leaves to stay within the budget.
         """
-        seq = self._normalise(seq, learn=True)
+        elements: Key = self._normalise(seq, learn=True)
         node = self._root
         position = 0
-        length = len(seq)
+        length = len(elements)
         added = 0
         self._clock += 1
         clock = self._clock
+        in_place = not isinstance(elements, list)  # str and bytes compare without a copy
         while position < length:
-            child = node.children.get(seq[position])
+            child = node.children.get(elements[position])
             if child is None:
-                child = self._new_node(seq[position:], node)
+                child = self._new_node(elements[position:], node)
                 added += self._add_owner(child, owner)
                 self._push_leaf(child)
                 break
             key = child.key
             end = position + len(key)
-            if seq[position:end] == key:
+            if end <= length and (
+                elements.startswith(key, position) if in_place else elements[position:end] == key
+            ):
                 position = end
             else:
-                common = _common_prefix_length(seq, position, key)
+                common = _common_prefix_length(elements, position, key)
                 child = self._split(child, common)
                 position += common
             if owner not in child.owners:
@@ -300,13 +305,17 @@ class RadixTree:
         if touch:
             self._clock += 1
         clock = self._clock
+        in_place = not isinstance(seq, list)  # str and bytes compare without a copy
         while position < length:
             child = node.children.get(seq[position])
             if child is None:
                 break
             key = child.key
             end = position + len(key)
-            if seq[position:end] == key:  # the usual case on a shared path: whole edge
+            # The usual case on a shared path: the whole edge matches.
+            if end <= length and (
+                seq.startswith(key, position) if in_place else seq[position:end] == key
+            ):
                 if touch:
                     child.last_access = clock
                 node = child
@@ -324,14 +333,17 @@ class RadixTree:
         """For a path ending at `node` (matched `length` deep), each owner's match length.
 
         Owners shrink going down, so the deepest node an owner appears on is the first
-        one met walking up; its match ends where that node's matched part ends.
+        one met walking up; its match ends where that node's matched part ends. The owners
+        met so far are those of the node below, so a node with no more owners than that
+        holds the same ones and is skipped: O(depth + owners), not O(depth * owners).
         """
         lengths: dict[Owner, int] = {}
         end = length
         start = self._start_depth(node)
         while node is not self._root:
-            for owner in node.owners:
-                lengths.setdefault(owner, end)
+            if len(node.owners) > len(lengths):
+                for owner in node.owners:
+                    lengths.setdefault(owner, end)
             assert node.parent is not None
             end, node = start, node.parent
             if node is not self._root:

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit demo bench clean
+.PHONY: venv test lint typecheck unit demo bench bench-smoke clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,12 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_radix.py
 	$(BIN)/python bench/bench_routing.py
+
+## The benchmarks at toy size, so they cannot rot; records nothing.
+bench-smoke: $(STAMP)
+	$(BIN)/python bench/bench_radix.py --quick > /dev/null
+	$(BIN)/python bench/bench_routing.py --quick > /dev/null
+	@echo "bench-smoke: ok"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

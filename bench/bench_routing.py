@@ -254,8 +254,10 @@ def main() -> None:
   does not slow down here: spread shows where routing sends work, not its effect.
 - Router defaults: cache_aware threshold 0.3, balance 64 / 1.5; d2lpm Q^w = 8192.
 """
+    if args.quick:
+        return  # a smoke run: numbers too small to record
     path = write_results("routing", results, table(rows) + notes)
-    print(f"wrote {path}")
+    print(f"wrote {path.name} and {path.with_suffix('.md').name} in bench/results/")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,19 @@ class _Node:
         self.refs = 0
 
 
+def _whole_edge_matches(seq: Key, position: int, key: Key) -> bool:
+    """Does seq continue with the whole of `key` at `position`?
+
+    str and bytes compare in place with startswith; lists need a slice.
+    """
+    end = position + len(key)
+    if end > len(seq):
+        return False
+    if isinstance(seq, list):
+        return bool(seq[position:end] == key)
+    return bool(seq.startswith(key, position))
+
+
 def _common_prefix_length(seq: Key, start: int, key: Key) -> int:
     """Length of the common prefix of seq[start:] and key (key[0] is known to match).
 
@@ -188,7 +201,6 @@ class RadixTree:
         added = 0
         self._clock += 1
         clock = self._clock
-        in_place = not isinstance(elements, list)  # str and bytes compare without a copy
         while position < length:
             child = node.children.get(elements[position])
             if child is None:
@@ -197,11 +209,8 @@ class RadixTree:
                 self._push_leaf(child)
                 break
             key = child.key
-            end = position + len(key)
-            if end <= length and (
-                elements.startswith(key, position) if in_place else elements[position:end] == key
-            ):
-                position = end
+            if _whole_edge_matches(elements, position, key):
+                position += len(key)
             else:
                 common = _common_prefix_length(elements, position, key)
                 child = self._split(child, common)
@@ -305,21 +314,16 @@ class RadixTree:
         if touch:
             self._clock += 1
         clock = self._clock
-        in_place = not isinstance(seq, list)  # str and bytes compare without a copy
         while position < length:
             child = node.children.get(seq[position])
             if child is None:
                 break
             key = child.key
-            end = position + len(key)
-            # The usual case on a shared path: the whole edge matches.
-            if end <= length and (
-                seq.startswith(key, position) if in_place else seq[position:end] == key
-            ):
+            if _whole_edge_matches(seq, position, key):  # the usual case on a shared path
                 if touch:
                     child.last_access = clock
                 node = child
-                position = end
+                position += len(key)
                 continue
             common = _common_prefix_length(seq, position, key)
             if split_partial:

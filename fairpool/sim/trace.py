@@ -1,0 +1,184 @@
+"""The trace format: one request per JSON line. This format is a contract.
+
+    {"t": 0.25, "tenant": "a", "segments": [["sys-a", 800], ["doc-17", 1200], [null, 64]],
+     "output_tokens": 200, "max_tokens": 512, "slo": {"tbt": 0.1, "ttft": 1.0}}
+
+- `t`: arrival, seconds from the start (non-decreasing is not required; we sort).
+- `tenant`: who sends it.
+- `segments`: the prompt, as consecutive `[name, length]` pieces. Equal names mean
+  identical tokens — a segment named `sys-a` is the same text wherever it appears, and a
+  shorter use of a name is a prefix of a longer one, so growing chat histories can reuse
+  one name. `null` names tokens no other request has.
+- `output_tokens`: what the model will generate.
+- `max_tokens` (optional): what the client asked for; length predictors may use it.
+  Defaults to `output_tokens`; must not be smaller.
+- `slo` (optional): `{"ttft": seconds, "tbt": seconds}`.
+
+Bad lines raise `TraceError` naming the line and the field; nothing is half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from fairpool.sched.errors import ConfigError
+from fairpool.sched.requests import SLO
+
+Segment = tuple[str | None, int]
+
+
+class TraceError(ConfigError):
+    """A trace line is malformed; the message names the line and field."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    t: float
+    tenant: str
+    segments: tuple[Segment, ...]
+    output_tokens: int
+    max_tokens: int
+    slo: SLO | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(length for _, length in self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "t": round(self.t, 6),
+            "tenant": self.tenant,
+            "segments": [[name, length] for name, length in self.segments],
+            "output_tokens": self.output_tokens,
+            "max_tokens": self.max_tokens,
+        }
+        if self.slo is not None:
+            record["slo"] = {
+                key: value
+                for key, value in (("ttft", self.slo.ttft), ("tbt", self.slo.tbt))
+                if value is not None
+            }
+        return record
+
+
+def parse_request(record: object, where: str = "request") -> TraceRequest:
+    """One trace record (a decoded JSON object) → TraceRequest, or TraceError."""
+
+    def fail(field: str, problem: str) -> TraceError:
+        return TraceError(f"{where}: {field}", problem)
+
+    if not isinstance(record, dict):
+        raise fail("record", f"must be a JSON object, got {type(record).__name__}")
+    unknown = set(record) - {"t", "tenant", "segments", "output_tokens", "max_tokens", "slo"}
+    if unknown:
+        raise fail(sorted(unknown)[0], "unknown field")
+    t = record.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
+        raise fail("t", f"must be a number >= 0, got {t!r}")
+    tenant = record.get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        raise fail("tenant", f"must be a non-empty string, got {tenant!r}")
+    raw_segments = record.get("segments")
+    if not isinstance(raw_segments, list) or not raw_segments:
+        raise fail("segments", "must be a non-empty list of [name, length] pairs")
+    segments: list[Segment] = []
+    for index, segment in enumerate(raw_segments):
+        if not (isinstance(segment, list) and len(segment) == 2):
+            raise fail(f"segments[{index}]", f"must be [name, length], got {segment!r}")
+        name, length = segment
+        if name is not None and not isinstance(name, str):
+            raise fail(f"segments[{index}]", f"name must be a string or null, got {name!r}")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise fail(f"segments[{index}]", f"length must be an integer >= 1, got {length!r}")
+        segments.append((name, length))
+    output = record.get("output_tokens")
+    if isinstance(output, bool) or not isinstance(output, int) or output < 1:
+        raise fail("output_tokens", f"must be an integer >= 1, got {output!r}")
+    max_tokens = record.get("max_tokens", output)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < output:
+        raise fail(
+            "max_tokens", f"must be an integer >= output_tokens ({output}), got {max_tokens!r}"
+        )
+    slo = None
+    if "slo" in record:
+        raw_slo = record["slo"]
+        if not isinstance(raw_slo, dict) or set(raw_slo) - {"ttft", "tbt"}:
+            raise fail("slo", f"must be an object with ttft and/or tbt, got {raw_slo!r}")
+        try:
+            slo = SLO(ttft=raw_slo.get("ttft"), tbt=raw_slo.get("tbt"))
+        except ConfigError as error:
+            raise fail(error.parameter, error.problem) from None
+    return TraceRequest(float(t), tenant, tuple(segments), output, max_tokens, slo)
+
+
+def read_trace(source: str | Path | TextIO) -> list[TraceRequest]:
+    """All requests of a JSON-lines trace, sorted by arrival. Blank lines are skipped."""
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if not path.exists():
+            raise TraceError("--trace", f"no such file: {path}")
+        with path.open() as handle:
+            return read_trace(handle)
+    requests = []
+    for number, line in enumerate(source, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TraceError(f"line {number}", f"not valid JSON: {error.msg}") from None
+        requests.append(parse_request(record, where=f"line {number}"))
+    return sorted(requests, key=lambda request: request.t)
+
+
+def write_trace(requests: Iterable[TraceRequest], destination: str | Path | TextIO) -> None:
+    if isinstance(destination, str | Path):
+        with Path(destination).open("w") as handle:
+            write_trace(requests, handle)
+        return
+    for request in requests:
+        destination.write(json.dumps(request.to_json(), separators=(",", ":")) + "\n")
+
+
+class SegmentTokens:
+    """Token ids for segments: the same name always gives the same tokens.
+
+    A named segment's tokens come from a random stream seeded by the name, so a shorter
+    use of a name is a prefix of a longer one. Unnamed segments draw from one shared
+    stream and never repeat in practice. Ids are drawn from a large range so that
+    unrelated segments do not share even a first token by chance.
+    """
+
+    ID_RANGE = 1 << 30
+
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+        self._named: dict[str, tuple[random.Random, list[int]]] = {}
+        self._unique = random.Random(f"fairpool-unique-{seed}")
+
+    def tokens(self, segments: Iterable[Segment]) -> list[int]:
+        out: list[int] = []
+        for name, length in segments:
+            out.extend(self._segment(name, length))
+        return out
+
+    def _segment(self, name: str | None, length: int) -> Iterator[int] | list[int]:
+        if name is None:
+            draw = self._unique.randrange
+            return [draw(self.ID_RANGE) for _ in range(length)]
+        stream, made = self._named.get(name) or self._new_stream(name)
+        while len(made) < length:
+            made.append(stream.randrange(self.ID_RANGE))
+        return made[:length]
+
+    def _new_stream(self, name: str) -> tuple[random.Random, list[int]]:
+        digest = hashlib.blake2b(f"{self._seed}:{name}".encode(), digest_size=8).digest()
+        entry = (random.Random(int.from_bytes(digest, "big")), [])
+        self._named[name] = entry
+        return entry

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -168,7 +168,7 @@ class SegmentTokens:
             out.extend(self._segment(name, length))
         return out
 
-    def _segment(self, name: str | None, length: int) -> Iterator[int] | list[int]:
+    def _segment(self, name: str | None, length: int) -> list[int]:
         if name is None:
             draw = self._unique.randrange
             return [draw(self.ID_RANGE) for _ in range(length)]
@@ -179,6 +179,6 @@ class SegmentTokens:
 
     def _new_stream(self, name: str) -> tuple[random.Random, list[int]]:
         digest = hashlib.blake2b(f"{self._seed}:{name}".encode(), digest_size=8).digest()
-        entry = (random.Random(int.from_bytes(digest, "big")), [])
+        entry: tuple[random.Random, list[int]] = (random.Random(int.from_bytes(digest, "big")), [])
         self._named[name] = entry
         return entry

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +122,16 @@ class RadixTree:
     unbounded.
     """
 
-    def __init__(self, max_tokens: int | None = None, max_nodes: int | None = None) -> None:
+    def __init__(
+        self,
+        max_tokens: int | None = None,
+        max_nodes: int | None = None,
+        on_evict: Callable[[Key, int, frozenset[Owner]], None] | None = None,
+    ) -> None:
+        """`on_evict(seq, keep, owners)` hears of every LRU eviction: the owners no
+        longer hold `seq` beyond its first `keep` elements (an engine reports this to the
+        router, seed 000 Algorithm 2 line 27)."""
+        self.on_evict = on_evict
         if max_tokens is not None:
             require_count("max_tokens", max_tokens, minimum=1)
         if max_nodes is not None:
@@ -354,6 +363,18 @@ class RadixTree:
                 start -= len(node.key)
         return lengths
 
+    def _path_to(self, node: _Node) -> Key:
+        """The whole sequence from the root to the end of `node`."""
+        keys = []
+        current: _Node | None = node
+        while current is not None and current is not self._root:
+            keys.append(current.key)
+            current = current.parent
+        keys.reverse()
+        if isinstance(keys[0], list):
+            return list(itertools.chain.from_iterable(keys))
+        return keys[0][:0].join(keys)  # str or bytes
+
     def _start_depth(self, node: _Node) -> int:
         depth = 0
         while node.parent is not None and node.parent is not self._root:
@@ -492,6 +513,9 @@ class RadixTree:
                 continue
             evicted += len(node.key)
             self._evicted_tokens += len(node.key)
+            if self.on_evict is not None:
+                path = self._path_to(node)
+                self.on_evict(path, len(path) - len(node.key), frozenset(node.owners))
             self._detach(node)
         for entry in locked:
             heapq.heappush(self._leaf_heap, entry)

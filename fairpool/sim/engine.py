@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fairpool.sched.batch import BatchPlan, form_batch
 from fairpool.sched.errors import ConfigError, require_count, require_non_negative
@@ -50,6 +51,7 @@ class _Serving:
     tokens: Sequence[int]
     output_target: int
     reserved: int  # KV tokens reserved outside the prefix cache
+    admitted_at: float
     lock: LockHandle | None = None
     first_token_at: float | None = None
 
@@ -59,8 +61,19 @@ class Completion:
     request: Request
     cached_tokens: int
     output_tokens: int
+    admitted_at: float
     first_token_at: float
     finished_at: float
+
+
+class EngineListener(Protocol):
+    """What a fleet hears from its engines."""
+
+    def admitted(self, engine: SimEngine, request: Request) -> None: ...
+
+    def finished(self, engine: SimEngine, completion: Completion) -> None: ...
+
+    def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None: ...
 
 
 @dataclass
@@ -72,11 +85,14 @@ class SimEngine:
     token_budget: int = 2048
     step_time: StepTime = field(default_factory=StepTime)
     now: float = 0.0
+    name: str = "engine"
+    listener: EngineListener | None = None
 
     def __post_init__(self) -> None:
         require_count("memory_tokens", self.memory_tokens, minimum=1)
         require_count("token_budget", self.token_budget, minimum=1)
-        self.cache = RadixTree()
+        self.cache = RadixTree(on_evict=self._report_eviction)
+        self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
         self.running: list[Running] = []
         self.completions: list[Completion] = []
         self.steps = 0
@@ -103,9 +119,14 @@ class SimEngine:
         return min(self.memory_used / self.memory_tokens, 1.0)
 
     def cached_tokens(self, request: Request) -> int:
-        tokens = self._tokens_of(request)
-        # The last prompt token is always recomputed, as in vLLM, to produce the first output.
-        return min(self.cache.match_length(tokens), max(request.prompt_tokens - 1, 0))
+        """Prefix hit of a waiting request, looked up once per step (LPM orders ask often)."""
+        hit = self._hits.get(request.request_id)
+        if hit is None:
+            tokens = self._tokens_of(request)
+            # The last prompt token is always recomputed, as in vLLM, for the first output.
+            hit = min(self.cache.match_length(tokens), max(request.prompt_tokens - 1, 0))
+            self._hits[request.request_id] = hit
+        return hit
 
     # ------------------------------------------------------------------ requests
 
@@ -129,20 +150,27 @@ class SimEngine:
         tokens, target = self._pending[request.request_id]
         extend = request.prompt_tokens - cached_tokens
         need = extend + request.max_tokens
+        # Lock the hit first, so that making room cannot evict the prefix being reused.
+        lock = self.cache.lock(tokens[:cached_tokens]) if cached_tokens else None
         shortfall = self.memory_used + need - self.memory_tokens
         if shortfall > 0:
             self.cache.evict_lru(shortfall)
             if self.memory_used + need > self.memory_tokens:
+                if lock is not None:
+                    self.cache.unlock(lock)
                 return None
         del self._pending[request.request_id]
         running = Running(request, prefill_remaining=max(extend, 1), last_step_end=self.now)
-        lock = self.cache.lock(tokens[:cached_tokens]) if cached_tokens else None
-        self._serving[request.request_id] = _Serving(running, tokens, target, need, lock)
+        self._serving[request.request_id] = _Serving(
+            running, tokens, target, need, admitted_at=self.now, lock=lock
+        )
         self._reserved += need
         self.running.append(running)
         self.prompt_tokens += request.prompt_tokens
         self.cached_prompt_tokens += cached_tokens
         self._cached_at_admission[request.request_id] = cached_tokens
+        if self.listener is not None:
+            self.listener.admitted(self, request)
         return running
 
     # ------------------------------------------------------------------ time
@@ -152,6 +180,7 @@ class SimEngine:
 
     def step(self) -> BatchPlan:
         """Run one iteration; advances `now` by its duration (by nothing if idle)."""
+        self._hits.clear()
         plan = form_batch(self.policy, self, self.token_budget)
         if not plan.decodes and not plan.prefills:
             return plan
@@ -198,15 +227,21 @@ class SimEngine:
         if serving.lock is not None:
             self.cache.unlock(serving.lock)
         assert serving.first_token_at is not None
-        self.completions.append(
-            Completion(
-                running.request,
-                self._cached_at_admission.pop(request_id),
-                running.output_tokens,
-                serving.first_token_at,
-                self.now,
-            )
+        completion = Completion(
+            running.request,
+            self._cached_at_admission.pop(request_id),
+            running.output_tokens,
+            serving.admitted_at,
+            serving.first_token_at,
+            self.now,
         )
+        self.completions.append(completion)
+        if self.listener is not None:
+            self.listener.finished(self, completion)
+
+    def _report_eviction(self, tokens: Sequence[int], keep: int, owners: object) -> None:
+        if self.listener is not None:
+            self.listener.evicted(self, tokens, keep)
 
     def _tokens_of(self, request: Request) -> Sequence[int]:
         pending = self._pending.get(request.request_id)

@@ -7,6 +7,7 @@ import pytest
 from fairpool.sched import ConfigError, Request, make_policy
 from fairpool.sim import demo
 from fairpool.sim.engine import SimEngine
+from fairpool.sim.metrics import jain_index
 
 
 def run_until_idle(engine: SimEngine, limit: int = 100_000) -> None:
@@ -70,5 +71,5 @@ def test_demo_dlpm_keeps_locality_that_vtc_loses():
 
 
 def test_jain_index_bounds():
-    assert demo.jain_index([1, 1, 1]) == pytest.approx(1)
-    assert demo.jain_index([1, 0, 0]) == pytest.approx(1 / 3)
+    assert jain_index([1, 1, 1]) == pytest.approx(1)
+    assert jain_index([1, 0, 0]) == pytest.approx(1 / 3)

@@ -22,6 +22,7 @@ from fairpool.sched.cost import TenantWeights
 from fairpool.sched.registry import make_policy, policy_parameters
 from fairpool.sched.requests import Request
 from fairpool.sim.engine import SimEngine, StepTime
+from fairpool.sim.metrics import jain_index
 
 # Roughly Llama-2-7B on one A10G with a 10,000-token KV pool, the VTC paper's set-up:
 # ~1.7 requests/s of 256 in / 256 out.
@@ -59,13 +60,6 @@ class RunResult:
     jain_index: float
     # (virtual time, cumulative service per tenant), sampled once per virtual second
     service_over_time: list[tuple[float, dict[str, float]]]
-
-
-def jain_index(values: list[float]) -> float:
-    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all equal, 1/n when one takes all."""
-    total = sum(values)
-    squares = sum(value * value for value in values)
-    return total * total / (len(values) * squares) if squares else 1.0
 
 
 def _uniform(rate_per_min: float, duration: float, offset: float = 0.0) -> Iterator[float]:

@@ -30,19 +30,27 @@ CACHE_OWNER = "engine"
 
 @dataclass(frozen=True)
 class StepTime:
-    """Iteration time = base + per prefill token + per decoding sequence (seconds)."""
+    """Iteration time (seconds) = base + per prefill token + per decoding sequence
+    + per context token the decodes attend to (their KV read)."""
 
     base: float = 0.012
     per_prefill_token: float = 0.00012
     per_decode: float = 0.00025
+    per_context_token: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("base", "per_prefill_token", "per_decode"):
+        for name in ("base", "per_prefill_token", "per_decode", "per_context_token"):
             require_non_negative(name, getattr(self, name))
 
     def duration(self, plan: BatchPlan) -> float:
         prefill = sum(chunk for _, chunk in plan.prefills)
-        return self.base + self.per_prefill_token * prefill + self.per_decode * len(plan.decodes)
+        context = sum(running.held_tokens for running in plan.decodes)
+        return (
+            self.base
+            + self.per_prefill_token * prefill
+            + self.per_decode * len(plan.decodes)
+            + self.per_context_token * context
+        )
 
 
 @dataclass

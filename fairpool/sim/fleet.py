@@ -1,0 +1,184 @@
+"""A fleet in virtual time: N engines, one router, a trace of requests.
+
+Events are processed in time order. An arrival is routed at its arrival time (the router
+sees the completions that happened before it); an engine runs its next step at its own
+clock, seeing every arrival up to then. Engines report admissions, completions and cache
+evictions; the fleet forwards completions and evictions to the router (D2LPM's streams 2
+and 3) and records what the metrics need.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.errors import ConfigError, require_count
+from fairpool.sched.registry import make_policy, make_router, policy_parameters
+from fairpool.sched.requests import Request
+from fairpool.sched.routers.base import RouteRequest
+from fairpool.sim.engine import Completion, SimEngine, StepTime
+from fairpool.sim.metrics import Recorder
+from fairpool.sim.trace import SegmentTokens, TraceRequest
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    workers: int = 1
+    policy: str = "dlpm"
+    router: str = "d2lpm"
+    memory_tokens: int = 10_000
+    token_budget: int = 2048
+    step_time: StepTime = field(default_factory=StepTime)
+    quantum: float | None = None
+    worker_quantum: float | None = None
+    cost: CostModel = field(default_factory=CostModel)
+    weights: TenantWeights = field(default_factory=TenantWeights)
+
+    def __post_init__(self) -> None:
+        require_count("workers", self.workers, minimum=1)
+        require_count("memory_tokens", self.memory_tokens, minimum=1)
+        require_count("token_budget", self.token_budget, minimum=1)
+
+
+class Fleet:
+    """Engines and a router, driven through a trace in virtual time."""
+
+    def __init__(self, config: FleetConfig, seed: int = 0) -> None:
+        self.config = config
+        self.tokens = SegmentTokens(seed)
+        self.recorder = Recorder(config.weights)
+        self.engines = [
+            SimEngine(
+                self._policy(),
+                memory_tokens=config.memory_tokens,
+                token_budget=config.token_budget,
+                step_time=config.step_time,
+                name=f"w{index}",
+                listener=self,
+            )
+            for index in range(config.workers)
+        ]
+        self._by_name = {engine.name: engine for engine in self.engines}
+        router_params: dict[str, Any] = {}
+        if config.worker_quantum is not None:
+            router_params["worker_quantum"] = config.worker_quantum
+        self.router = make_router(
+            config.router,
+            [engine.name for engine in self.engines],
+            cost=config.cost,
+            weights=config.weights,
+            **router_params,
+        )
+        self._completions: list[tuple[float, int, str, int]] = []
+        self._sequence = 0
+
+    def _policy(self) -> Any:
+        params: dict[str, Any] = {}
+        if self.config.quantum is not None:
+            if "quantum" not in policy_parameters(self.config.policy):
+                raise ConfigError(
+                    "quantum", f"policy {self.config.policy!r} does not take a quantum"
+                )
+            params["quantum"] = self.config.quantum
+        return make_policy(
+            self.config.policy, cost=self.config.cost, weights=self.config.weights, **params
+        )
+
+    # ------------------------------------------------------------------ running
+
+    def run(
+        self,
+        trace: Sequence[TraceRequest],
+        duration: float | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> Recorder:
+        """Serve `trace` until everything finished, or until `duration` virtual seconds."""
+        self._check_fits(trace)
+        end = float("inf") if duration is None else duration
+        arrivals = sorted(enumerate(trace), key=lambda item: (item[1].t, item[0]))
+        next_arrival = 0
+        now = 0.0
+        while True:
+            arrival_time = arrivals[next_arrival][1].t if next_arrival < len(arrivals) else None
+            busy = [engine for engine in self.engines if not engine.idle()]
+            engine_time = min((engine.now for engine in busy), default=None)
+            if arrival_time is None and engine_time is None:
+                break
+            if engine_time is None or (arrival_time is not None and arrival_time <= engine_time):
+                assert arrival_time is not None
+                now = arrival_time
+                if now >= end:
+                    break
+                index, request = arrivals[next_arrival]
+                self._dispatch(index, request)
+                next_arrival += 1
+            else:
+                now = engine_time
+                if now >= end:
+                    break
+                engine = min(busy, key=lambda candidate: candidate.now)
+                engine.step()
+                self.recorder.served_after_step(engine.now, engine.name, engine.policy.served)
+            if progress is not None:
+                progress(now)
+        self._deliver_completions(float("inf"))
+        self.recorder.close(min(now, end) if duration is not None else now)
+        return self.recorder
+
+    def _dispatch(self, index: int, trace_request: TraceRequest) -> None:
+        self._deliver_completions(trace_request.t)
+        request = Request(
+            f"q{index}",
+            trace_request.tenant,
+            trace_request.prompt_tokens,
+            trace_request.max_tokens,
+            arrival=trace_request.t,
+            slo=trace_request.slo,
+        )
+        tokens = self.tokens.tokens(trace_request.segments)
+        worker = self.router.route(
+            RouteRequest(request.request_id, request.tenant, tokens, request.prompt_tokens)
+        )
+        engine = self._by_name[worker]
+        if engine.idle():
+            engine.now = max(engine.now, trace_request.t)
+        self.recorder.arrived(request, worker)
+        engine.submit(request, tokens, trace_request.output_tokens)
+
+    def _deliver_completions(self, until: float) -> None:
+        while self._completions and self._completions[0][0] <= until:
+            _, _, request_id, output_tokens = heapq.heappop(self._completions)
+            self.router.complete(request_id, output_tokens)
+
+    def _check_fits(self, trace: Sequence[TraceRequest]) -> None:
+        for index, request in enumerate(trace):
+            if request.prompt_tokens + request.max_tokens > self.config.memory_tokens:
+                raise ConfigError(
+                    f"request {index}",
+                    f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) "
+                    f"exceeds --memory-tokens ({self.config.memory_tokens})",
+                )
+
+    # ------------------------------------------------------------------ EngineListener
+
+    def admitted(self, engine: SimEngine, request: Request) -> None:
+        self.recorder.admitted(request, engine.now)
+
+    def finished(self, engine: SimEngine, completion: Completion) -> None:
+        self._sequence += 1
+        heapq.heappush(
+            self._completions,
+            (
+                completion.finished_at,
+                self._sequence,
+                completion.request.request_id,
+                completion.output_tokens,
+            ),
+        )
+        self.recorder.finished(completion)
+
+    def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None:
+        self.router.evicted(tokens, engine.name, keep)

@@ -1,0 +1,236 @@
+"""What a simulation measures: per-tenant service over time, backlog, latency, fairness.
+
+`max_backlogged_service_gap` is the quantity the fairness theorems bound: over every pair
+of tenants f, g and every interval in which both were continuously backlogged (a request
+waiting somewhere in the fleet, not yet admitted), the largest |W_f/w_f − W_g/w_g| of the
+service they received in it (VTC Definition 4.2, DLPM §3). Within one joint backlog
+interval that is max − min of D(t) = W_f(t)/w_f − W_g(t)/w_g over the interval.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.requests import Request
+from fairpool.sim.engine import Completion
+
+#: Pairwise gaps are computed over at most this many tenants (those backlogged longest).
+GAP_TENANT_LIMIT = 40
+
+
+def jain_index(values: list[float]) -> float:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all equal, 1/n when one takes all."""
+    total = sum(values)
+    squares = sum(value * value for value in values)
+    return total * total / (len(values) * squares) if squares else 1.0
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+
+
+@dataclass
+class _Tenant:
+    requests: int = 0
+    waiting: int = 0
+    backlog_started: float | None = None
+
+
+class Recorder:
+    """Collects a run's events; `summary()` turns them into the `fairpool sim` JSON."""
+
+    def __init__(self, weights: TenantWeights) -> None:
+        self.weights = weights
+        self.tenants: dict[str, _Tenant] = defaultdict(_Tenant)
+        self.backlog: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # Cumulative service per tenant: parallel lists of times and values.
+        self.service_times: dict[str, list[float]] = defaultdict(list)
+        self.service_values: dict[str, list[float]] = defaultdict(list)
+        self.completions: list[Completion] = []
+        self.end = 0.0
+        self._admitted: set[str] = set()
+        self._engine_served: dict[str, dict[str, float]] = defaultdict(dict)
+        self._total: dict[str, float] = defaultdict(float)
+
+    # ------------------------------------------------------------------ events
+
+    def arrived(self, request: Request, worker: str) -> None:
+        tenant = self.tenants[request.tenant]
+        tenant.requests += 1
+        self._waiting_changed(request.tenant, +1, request.arrival)
+
+    def admitted(self, request: Request, time: float) -> None:
+        if request.request_id in self._admitted:
+            return
+        self._admitted.add(request.request_id)
+        self._waiting_changed(request.tenant, -1, time)
+
+    def finished(self, completion: Completion) -> None:
+        self.completions.append(completion)
+
+    def served_after_step(self, time: float, engine: str, served: Mapping[str, float]) -> None:
+        seen = self._engine_served[engine]
+        for tenant, value in served.items():
+            delta = value - seen.get(tenant, 0.0)
+            if delta:
+                seen[tenant] = value
+                self._total[tenant] += delta
+                times = self.service_times[tenant]
+                if times and times[-1] == time:
+                    self.service_values[tenant][-1] = self._total[tenant]
+                else:
+                    times.append(time)
+                    self.service_values[tenant].append(self._total[tenant])
+
+    def close(self, end: float) -> None:
+        self.end = end
+        for name, tenant in self.tenants.items():
+            if tenant.backlog_started is not None:
+                self.backlog[name].append((tenant.backlog_started, end))
+                tenant.backlog_started = None
+
+    def _waiting_changed(self, name: str, delta: int, time: float) -> None:
+        tenant = self.tenants[name]
+        before = tenant.waiting
+        tenant.waiting += delta
+        if before == 0 and tenant.waiting > 0:
+            tenant.backlog_started = time
+        elif before > 0 and tenant.waiting == 0 and tenant.backlog_started is not None:
+            self.backlog[name].append((tenant.backlog_started, time))
+            tenant.backlog_started = None
+
+    # ------------------------------------------------------------------ results
+
+    def service_at(self, tenant: str, time: float) -> float:
+        times = self.service_times.get(tenant, [])
+        index = bisect.bisect_right(times, time)
+        return self.service_values[tenant][index - 1] if index else 0.0
+
+    def max_backlogged_service_gap(self) -> float:
+        ranked = sorted(
+            self.backlog,
+            key=lambda name: -sum(end - start for start, end in self.backlog[name]),
+        )[:GAP_TENANT_LIMIT]
+        gap = 0.0
+        for position, first in enumerate(ranked):
+            for second in ranked[position + 1 :]:
+                for start, end in _intersect(self.backlog[first], self.backlog[second]):
+                    gap = max(gap, self._gap_within(first, second, start, end))
+        return gap
+
+    def _gap_within(self, first: str, second: str, start: float, end: float) -> float:
+        weight_f, weight_g = self.weights[first], self.weights[second]
+        times = {start}
+        for tenant in (first, second):
+            series = self.service_times.get(tenant, [])
+            low = bisect.bisect_right(series, start)
+            high = bisect.bisect_right(series, end)
+            times.update(series[low:high])
+        differences = [
+            self.service_at(first, t) / weight_f - self.service_at(second, t) / weight_g
+            for t in times
+        ]
+        return max(differences) - min(differences)
+
+    def summary(self, fairness_bound: float | None = None) -> dict[str, Any]:
+        duration = self.end
+        finished = self.completions
+        prompt = sum(c.request.prompt_tokens for c in finished)
+        output = sum(c.output_tokens for c in finished)
+        cached = sum(c.cached_tokens for c in finished)
+        tenants: dict[str, Any] = {}
+        for name in sorted(self.tenants):
+            done = [c for c in finished if c.request.tenant == name]
+            ttfts = [c.first_token_at - c.request.arrival for c in done]
+            latencies = [c.finished_at - c.request.arrival for c in done]
+            tenants[name] = {
+                "requests": self.tenants[name].requests,
+                "finished": len(done),
+                "service": round(self._total.get(name, 0.0), 3),
+                "input_tokens": sum(c.request.prompt_tokens for c in done),
+                "output_tokens": sum(c.output_tokens for c in done),
+                "ttft_p50": _rounded(statistics.median(ttfts) if ttfts else None),
+                "ttft_p99": _rounded(percentile(ttfts, 0.99)),
+                "latency_p50": _rounded(statistics.median(latencies) if latencies else None),
+                "latency_p99": _rounded(percentile(latencies, 0.99)),
+                "backlogged_s": round(sum(e - s for s, e in self.backlog.get(name, [])), 3),
+            }
+        weighted = [self._total.get(name, 0.0) / self.weights[name] for name in tenants]
+        return {
+            "duration_s": round(duration, 3),
+            "throughput_tokens_per_s": round((prompt + output) / duration, 3) if duration else 0,
+            "output_tokens_per_s": round(output / duration, 3) if duration else 0,
+            "cache_hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+            "jain_index": round(jain_index(weighted), 4) if weighted else 1.0,
+            "fairness_bound": fairness_bound,
+            "max_backlogged_service_gap": round(self.max_backlogged_service_gap(), 3),
+            "tenants": tenants,
+        }
+
+
+def fairness_bound(
+    policy: str,
+    router: str,
+    workers: int,
+    max_prompt: int,
+    memory_tokens: int,
+    cost: CostModel,
+    weights: list[float],
+    quantum: float | None,
+) -> float | None:
+    """The bound the policy's theorem gives on max_backlogged_service_gap, or None.
+
+    U = w_e·L_input + w_q·M (the DLPM paper's form; VTC's U is no larger). With weights,
+    service is compared as W/w, so U scales by 1/w_min.
+
+    - one worker, VTC: 2U (VTC Theorem 4.4);
+    - one worker, DLPM: 2(U + Q) (DLPM Theorem 4.1);
+    - DLPM engines behind D2LPM: 2·|W|·(U + Q) (DLPM Theorem 5.1).
+    Other combinations have no theorem.
+    """
+    base = policy.split("+")[0]
+    u = (cost.extend_weight * max_prompt + cost.output_weight * memory_tokens) / min(
+        weights, default=1.0
+    )
+    if base == "dlpm":
+        from fairpool.sched.policies.dlpm import DEFAULT_QUANTUM
+
+        q = quantum if quantum is not None else DEFAULT_QUANTUM
+        if workers == 1:
+            return round(2 * (u + q), 3)
+        if router == "d2lpm":
+            return round(2 * workers * (u + q), 3)
+        return None
+    if base == "vtc" and workers == 1:
+        return round(2 * u, 3)
+    return None
+
+
+def _intersect(
+    first: list[tuple[float, float]], second: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    joint = []
+    i = j = 0
+    while i < len(first) and j < len(second):
+        start = max(first[i][0], second[j][0])
+        end = min(first[i][1], second[j][1])
+        if start < end:
+            joint.append((start, end))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return joint
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

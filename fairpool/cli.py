@@ -66,9 +66,43 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_demo.set_defaults(handler=_demo)
 
+    sim = commands.add_parser(
+        "sim",
+        help="simulate a fleet in virtual time on a trace or a named workload",
+        description="Run N simulated engines behind a router on a trace (JSON lines) or a "
+        "generated workload, and report per-tenant service, latency and fairness.",
+    )
+    source = sim.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", metavar="FILE", help="trace file (JSON lines)")
+    source.add_argument("--workload", metavar="NAME", help="a generated workload")
+    sim.add_argument("--workers", type=_positive_int, default=1)
+    sim.add_argument("--policy", default="dlpm", help="local policy (default dlpm)")
+    sim.add_argument("--router", default="d2lpm", help="router (default d2lpm)")
+    sim.add_argument("--profile", default="llama2-7b-a10g", help="engine profile")
+    sim.add_argument("--memory-tokens", type=_positive_int, help="KV memory per engine")
+    sim.add_argument("--quantum", type=_positive_float, help="DLPM quantum Q")
+    sim.add_argument("--worker-quantum", type=_positive_float, help="D2LPM quantum Q^w")
+    sim.add_argument("--tenants", metavar="FILE", help="TenantQuota YAML with tenant weights")
+    sim.add_argument("--duration", type=_positive_float, help="virtual seconds to simulate")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+    sim.add_argument("--plot", metavar="FILE.png", help="plot service over time and latency")
+    sim.add_argument("--write-trace", metavar="FILE", help="also save the requests as a trace")
+    sim.set_defaults(handler=_sim)
+
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -100,6 +134,27 @@ def _demo(args: argparse.Namespace) -> int:
             json.dump([asdict(result) for result in results], out, indent=2)
     if args.plot:
         console.print(f"plot: {plot_service_over_time(results, args.plot)}")
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from fairpool.sim.run import SimOptions, run_command
+
+    options = SimOptions(
+        trace=args.trace,
+        workload=args.workload,
+        workers=args.workers,
+        policy=args.policy,
+        router=args.router,
+        profile=args.profile,
+        memory_tokens=args.memory_tokens,
+        quantum=args.quantum,
+        worker_quantum=args.worker_quantum,
+        tenants=args.tenants,
+        duration=args.duration,
+        seed=args.seed,
+    )
+    run_command(options, args.json, args.plot, args.write_trace, _wide_console())
     return 0
 
 

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fairpool.sched.errors import ConfigError
 
 if TYPE_CHECKING:
     from fairpool.sim.demo import RunResult
+    from fairpool.sim.metrics import Recorder
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot", "needs matplotlib: pip install 'fairpool[plot]'") from None
+    return plt
 
 
 def plot_service_over_time(results: Sequence[RunResult], path: str | Path) -> Path:
@@ -18,13 +30,7 @@ def plot_service_over_time(results: Sequence[RunResult], path: str | Path) -> Pa
     Parallel curves mean equal shares (as in the VTC paper's Fig. 3); a widening gap
     means one tenant is taking more than the other.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot", "needs matplotlib: pip install 'fairpool[plot]'") from None
+    plt = _pyplot()
     scenarios = list(dict.fromkeys(result.scenario for result in results))
     policies = list(dict.fromkeys(result.policy for result in results))
     figure, axes = plt.subplots(
@@ -49,6 +55,42 @@ def plot_service_over_time(results: Sequence[RunResult], path: str | Path) -> Pa
             axis.set_xlabel("time (s)")
     axes[0][0].legend(fontsize=8)
     figure.suptitle("Cumulative service per tenant (1·extend + 2·output tokens)")
+    figure.tight_layout()
+    output = Path(path)
+    figure.savefig(output, dpi=110)
+    plt.close(figure)
+    return output
+
+
+def plot_fleet_run(recorder: Recorder, path: str | Path, title: str) -> Path:
+    """Two panels: cumulative service per tenant over time, and latency CDFs per tenant."""
+    plt = _pyplot()
+    figure, (service_axis, latency_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    for tenant in sorted(recorder.service_times):
+        weight = recorder.weights[tenant]
+        times = [0.0, *recorder.service_times[tenant]]
+        values = [0.0, *(value / weight / 1000 for value in recorder.service_values[tenant])]
+        service_axis.step(times, values, where="post", label=tenant)
+    service_axis.set_xlabel("time (s)")
+    service_axis.set_ylabel("service / weight (k tokens)")
+    service_axis.set_title("cumulative service")
+    service_axis.grid(alpha=0.3)
+    for tenant in sorted(recorder.tenants):
+        latencies = sorted(
+            c.finished_at - c.request.arrival
+            for c in recorder.completions
+            if c.request.tenant == tenant
+        )
+        if latencies:
+            fractions = [(index + 1) / len(latencies) for index in range(len(latencies))]
+            latency_axis.plot(latencies, fractions, label=tenant)
+    latency_axis.set_xlabel("end-to-end latency (s)")
+    latency_axis.set_ylabel("fraction of requests")
+    latency_axis.set_title("latency CDF")
+    latency_axis.grid(alpha=0.3)
+    if len(recorder.tenants) <= 12:
+        service_axis.legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     output = Path(path)
     figure.savefig(output, dpi=110)

@@ -1,0 +1,192 @@
+"""`fairpool sim`: one fleet run from a trace or a named workload, summarised."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from fairpool.api.tenant_quota import load_tenant_quotas, tenant_weights
+from fairpool.sched.cost import TenantWeights
+from fairpool.sched.errors import ConfigError
+from fairpool.sim.fleet import Fleet, FleetConfig
+from fairpool.sim.metrics import fairness_bound
+from fairpool.sim.profiles import get_profile
+from fairpool.sim.trace import TraceRequest, read_trace, write_trace
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    trace: str | None = None
+    workload: str | None = None
+    workers: int = 1
+    policy: str = "dlpm"
+    router: str = "d2lpm"
+    profile: str = "llama2-7b-a10g"
+    memory_tokens: int | None = None
+    quantum: float | None = None
+    worker_quantum: float | None = None
+    tenants: str | None = None
+    duration: float | None = None
+    seed: int = 0
+
+
+def load_requests(options: SimOptions) -> list[TraceRequest]:
+    if (options.trace is None) == (options.workload is None):
+        raise ConfigError("--trace", "give exactly one of --trace FILE and --workload NAME")
+    if options.trace is not None:
+        return read_trace(options.trace)
+    from fairpool.sim.workloads import generate
+
+    assert options.workload is not None
+    return generate(options.workload, duration=options.duration or 60.0, seed=options.seed)
+
+
+def simulate(
+    options: SimOptions,
+    requests: list[TraceRequest],
+    progress: Callable[[float], None] | None = None,
+) -> tuple[Fleet, dict[str, Any]]:
+    """Run the fleet; returns it and the summary in the `--json` format."""
+    profile = get_profile(options.profile)
+    weights = (
+        TenantWeights(tenant_weights(load_tenant_quotas(options.tenants)))
+        if options.tenants
+        else TenantWeights()
+    )
+    memory = options.memory_tokens or profile.memory_tokens
+    config = FleetConfig(
+        workers=options.workers,
+        policy=options.policy,
+        router=options.router,
+        memory_tokens=memory,
+        token_budget=profile.token_budget,
+        step_time=profile.step_time,
+        quantum=options.quantum,
+        worker_quantum=options.worker_quantum,
+        weights=weights,
+    )
+    fleet = Fleet(config, seed=options.seed)
+    recorder = fleet.run(requests, duration=options.duration, progress=progress)
+    tenants = sorted({request.tenant for request in requests})
+    bound = fairness_bound(
+        options.policy,
+        options.router,
+        options.workers,
+        max((request.prompt_tokens for request in requests), default=0),
+        memory,
+        config.cost,
+        [weights[tenant] for tenant in tenants],
+        options.quantum,
+    )
+    return fleet, recorder.summary(fairness_bound=bound)
+
+
+def run_command(
+    options: SimOptions,
+    json_out: str | None,
+    plot_out: str | None,
+    write_trace_out: str | None,
+    console: Console,
+) -> dict[str, Any]:
+    requests = load_requests(options)
+    if not requests:
+        raise ConfigError("--trace", "the trace has no requests")
+    if write_trace_out:
+        write_trace(requests, write_trace_out)
+    horizon = options.duration or max(request.t for request in requests)
+    with _LazyProgress(horizon) as progress:
+        fleet, summary = simulate(options, requests, progress.update)
+    console.print(summary_table(options, summary))
+    if json_out:
+        Path(json_out).write_text(json.dumps(summary, indent=2) + "\n")
+    if plot_out:
+        from fairpool.sim.plots import plot_fleet_run
+
+        title = f"{options.policy} × {options.router}, {options.workers} worker(s)"
+        console.print(f"plot: {plot_fleet_run(fleet.recorder, plot_out, title)}")
+    return summary
+
+
+def summary_table(options: SimOptions, summary: dict[str, Any]) -> Table:
+    source = options.trace or options.workload
+    title = (
+        f"{source}: {options.workers} worker(s), policy {options.policy}, "
+        f"router {options.router}, profile {options.profile}"
+    )
+    table = Table(title=title, title_justify="left")
+    columns = (
+        "tenant",
+        "requests",
+        "done",
+        "service",
+        "share",
+        "TTFT p50",
+        "TTFT p99",
+        "latency p50",
+        "latency p99",
+        "backlogged",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    total = sum(t["service"] for t in summary["tenants"].values()) or 1.0
+    for name, tenant in summary["tenants"].items():
+        table.add_row(
+            name,
+            str(tenant["requests"]),
+            str(tenant["finished"]),
+            f"{tenant['service']:,.0f}",
+            f"{tenant['service'] / total:.0%}",
+            _seconds(tenant["ttft_p50"]),
+            _seconds(tenant["ttft_p99"]),
+            _seconds(tenant["latency_p50"]),
+            _seconds(tenant["latency_p99"]),
+            f"{tenant['backlogged_s']:.0f}s",
+        )
+    bound = summary["fairness_bound"]
+    table.caption = (
+        f"{summary['duration_s']:.0f} s · {summary['throughput_tokens_per_s']:,.0f} tok/s "
+        f"({summary['output_tokens_per_s']:,.0f} out) · cache hits "
+        f"{summary['cache_hit_rate']:.0%} · Jain {summary['jain_index']:.3f} · "
+        f"backlogged gap {summary['max_backlogged_service_gap']:,.0f}"
+        + (f" (bound {bound:,.0f})" if bound is not None else " (no bound)")
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}s"
+
+
+class _LazyProgress:
+    """A progress bar on stderr that appears only once a run has taken a second."""
+
+    def __init__(self, horizon: float) -> None:
+        self.horizon = max(horizon, 1e-9)
+        self.started = time.monotonic()
+        self.progress: Progress | None = None
+        self.task: Any = None
+
+    def __enter__(self) -> _LazyProgress:
+        return self
+
+    def update(self, now: float) -> None:
+        if self.progress is None:
+            if time.monotonic() - self.started < 1.0:
+                return
+            self.progress = Progress(console=Console(stderr=True), transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("simulating", total=self.horizon)
+        self.progress.update(self.task, completed=min(now, self.horizon))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -129,6 +129,19 @@ class LocalPolicy(ABC):
 
     def finish(self, request_id: str) -> None:
         self._pop_running(request_id)
+
+    # ------------------------------------------------------------------ preemption
+
+    #: Preempt every request `preemption_order` names, even once memory suffices.
+    preempt_all = False
+
+    def preemption_order(self, running: Sequence[Running]) -> list[Running]:
+        """Which running requests to preempt, in order, when memory runs out.
+
+        vLLM's choice: the most recently admitted first. The engine stops as soon as
+        there is room (unless `preempt_all`) and asks again if there is not.
+        """
+        return list(reversed(running))
 
     # ------------------------------------------------------------------ batch shape
 

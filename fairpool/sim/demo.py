@@ -117,7 +117,9 @@ def run(
     if "quantum" in policy_parameters(policy_name):
         params["quantum"] = DEMO_QUANTUM
     policy = make_policy(policy_name, weights=tenant_weights, **params)
-    engine = SimEngine(policy, memory_tokens=DEMO_MEMORY, step_time=DEMO_STEP_TIME)
+    engine = SimEngine(
+        policy, memory_tokens=DEMO_MEMORY, step_time=DEMO_STEP_TIME, admission="reserve"
+    )
     arrivals = SCENARIOS[scenario](duration, seed)
     sent: dict[str, int] = {}
     samples: list[tuple[float, dict[str, float]]] = []

@@ -5,19 +5,26 @@ This is the engine model the simulator builds on. Each step the policy (through
 duration comes from a linear iteration-time model; finished prefills enter the prefix
 cache; finished requests leave.
 
-Memory model (KV tokens, capacity M): the prefix cache holds the prompts of running and
-recently finished requests (shared prefixes once); each running request also reserves
-its uncached prompt tokens until its prefill completes, and room for `max_tokens` of
-output from admission to completion. Admission evicts unlocked cached prefixes (LRU)
-when it needs room, and fails when even that is not enough, so no request is ever
-preempted in this model.
+Memory (KV tokens, capacity M): the prefix cache holds the prompts of running and
+recently finished requests (shared prefixes once; unlocked entries are evicted LRU when
+room is needed); each running request also holds its uncached prompt tokens until its
+prefill completes, and its generated tokens. Two admission disciplines:
+
+- `paged` (vLLM): a request needs room for its prompt at admission and one token per
+  decode step after. When a step cannot get room, running requests are preempted —
+  by default the most recently admitted first, as vLLM does; the policy may choose
+  otherwise (`preemption_order`) — and recomputed later: their KV is dropped and the
+  prompt plus what they had generated is prefilled again on re-admission. The policy
+  is told (`preempt`) and does not charge the tenant twice.
+- `reserve` (S-LoRA, the VTC artifact): admission reserves room for `max_tokens` of
+  output as well, so nothing is ever preempted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from fairpool.sched.batch import BatchPlan, form_batch
 from fairpool.sched.errors import ConfigError, require_count, require_non_negative
@@ -26,6 +33,7 @@ from fairpool.sched.radix import LockHandle, RadixTree
 from fairpool.sched.requests import Request, Running
 
 CACHE_OWNER = "engine"
+Admission = Literal["paged", "reserve"]
 
 
 @dataclass(frozen=True)
@@ -54,14 +62,21 @@ class StepTime:
 
 
 @dataclass
-class _Serving:
-    running: Running
+class _Job:
+    """A request from arrival to completion, across preemptions."""
+
+    request: Request
     tokens: Sequence[int]
     output_target: int
-    reserved: int  # KV tokens reserved outside the prefix cache
-    admitted_at: float
+    output_done: int = 0
+    running: Running | None = None
+    private: int = 0  # KV tokens held outside the prefix cache
+    reserved: int = 0  # room kept for outputs still to come (reserve mode)
+    cached: int = 0  # prompt tokens served from the cache at the latest admission
     lock: LockHandle | None = None
+    admitted_at: float | None = None
     first_token_at: float | None = None
+    preemptions: int = 0
 
 
 @dataclass
@@ -72,12 +87,15 @@ class Completion:
     admitted_at: float
     first_token_at: float
     finished_at: float
+    preemptions: int = 0
 
 
 class EngineListener(Protocol):
     """What a fleet hears from its engines."""
 
     def admitted(self, engine: SimEngine, request: Request) -> None: ...
+
+    def preempted(self, engine: SimEngine, request: Request) -> None: ...
 
     def finished(self, engine: SimEngine, completion: Completion) -> None: ...
 
@@ -92,6 +110,7 @@ class SimEngine:
     memory_tokens: int = 10_000
     token_budget: int = 2048
     step_time: StepTime = field(default_factory=StepTime)
+    admission: Admission = "paged"
     now: float = 0.0
     name: str = "engine"
     listener: EngineListener | None = None
@@ -99,18 +118,21 @@ class SimEngine:
     def __post_init__(self) -> None:
         require_count("memory_tokens", self.memory_tokens, minimum=1)
         require_count("token_budget", self.token_budget, minimum=1)
+        if self.admission not in ("paged", "reserve"):
+            raise ConfigError("admission", f"must be 'paged' or 'reserve', got {self.admission!r}")
         self.cache = RadixTree(on_evict=self._report_eviction)
-        self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
         self.running: list[Running] = []
         self.completions: list[Completion] = []
         self.steps = 0
         self.busy_time = 0.0
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
-        self._serving: dict[str, _Serving] = {}
-        self._pending: dict[str, tuple[Sequence[int], int]] = {}
-        self._cached_at_admission: dict[str, int] = {}
-        self._reserved = 0
+        self.preemptions = 0
+        self.peak_memory = 0
+        self._jobs: dict[str, _Job] = {}
+        self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
+        self._held = 0  # Σ private + reserved over running jobs
+        self._decode_room = 0  # tokens set aside for this step's decodes (paged)
 
     # ------------------------------------------------------------------ EngineView
 
@@ -120,7 +142,7 @@ class SimEngine:
 
     @property
     def memory_used(self) -> int:
-        return len(self.cache) + self._reserved
+        return len(self.cache) + self._held
 
     @property
     def memory_utilization(self) -> float:
@@ -130,7 +152,7 @@ class SimEngine:
         """Prefix hit of a waiting request, looked up once per step (LPM orders ask often)."""
         hit = self._hits.get(request.request_id)
         if hit is None:
-            tokens = self._tokens_of(request)
+            tokens = self._jobs[request.request_id].tokens
             # The last prompt token is always recomputed, as in vLLM, for the first output.
             hit = min(self.cache.match_length(tokens), max(request.prompt_tokens - 1, 0))
             self._hits[request.request_id] = hit
@@ -142,7 +164,7 @@ class SimEngine:
         """A request arrives now; it will produce `output_tokens` (≤ max_tokens)."""
         if len(tokens) != request.prompt_tokens:
             raise ConfigError(
-                "tokens", f"has {len(tokens)} ids, prompt_tokens says {request.prompt_tokens}"
+                "tokens", f"has {len(tokens)} ids, but prompt_tokens is {request.prompt_tokens}"
             )
         require_count("output_tokens", output_tokens, minimum=1)
         if request.prompt_tokens + request.max_tokens > self.memory_tokens:
@@ -151,32 +173,37 @@ class SimEngine:
                 f"prompt + max_tokens = {request.prompt_tokens + request.max_tokens} exceeds "
                 f"the engine's memory of {self.memory_tokens} tokens",
             )
-        self._pending[request.request_id] = (tokens, min(output_tokens, request.max_tokens))
+        target = min(output_tokens, request.max_tokens)
+        self._jobs[request.request_id] = _Job(request, tokens, target)
         self.policy.add(request)
 
     def try_admit(self, request: Request, cached_tokens: int) -> Running | None:
-        tokens, target = self._pending[request.request_id]
-        extend = request.prompt_tokens - cached_tokens
-        need = extend + request.max_tokens
+        job = self._jobs[request.request_id]
+        # After a preemption the generated tokens are recomputed along with the prompt.
+        extend = request.prompt_tokens + job.output_done - cached_tokens
+        private = extend
+        reserved = request.max_tokens - job.output_done if self.admission == "reserve" else 0
         # Lock the hit first, so that making room cannot evict the prefix being reused.
-        lock = self.cache.lock(tokens[:cached_tokens]) if cached_tokens else None
-        shortfall = self.memory_used + need - self.memory_tokens
-        if shortfall > 0:
-            self.cache.evict_lru(shortfall)
-            if self.memory_used + need > self.memory_tokens:
-                if lock is not None:
-                    self.cache.unlock(lock)
-                return None
-        del self._pending[request.request_id]
-        running = Running(request, prefill_remaining=max(extend, 1), last_step_end=self.now)
-        self._serving[request.request_id] = _Serving(
-            running, tokens, target, need, admitted_at=self.now, lock=lock
+        lock = self.cache.lock(job.tokens[:cached_tokens]) if cached_tokens else None
+        if not self._room_in_cache(private + reserved):
+            if lock is not None:
+                self.cache.unlock(lock)
+            return None
+        running = Running(
+            request,
+            output_tokens=job.output_done,
+            prefill_remaining=max(extend, 1),
+            last_step_end=self.now,
         )
-        self._reserved += need
+        job.running, job.lock, job.cached = running, lock, cached_tokens
+        job.private, job.reserved = private, reserved
+        self._held += private + reserved
+        if job.admitted_at is None:
+            job.admitted_at = self.now
         self.running.append(running)
         self.prompt_tokens += request.prompt_tokens
         self.cached_prompt_tokens += cached_tokens
-        self._cached_at_admission[request.request_id] = cached_tokens
+        self._note_memory()
         if self.listener is not None:
             self.listener.admitted(self, request)
         return running
@@ -189,7 +216,11 @@ class SimEngine:
     def step(self) -> BatchPlan:
         """Run one iteration; advances `now` by its duration (by nothing if idle)."""
         self._hits.clear()
+        if self.admission == "paged":
+            self._decode_room = sum(1 for running in self.running if running.decoding)
+            self._make_room()
         plan = form_batch(self.policy, self, self.token_budget)
+        self._decode_room = 0  # what the plan does not decode is not needed this step
         if not plan.decodes and not plan.prefills:
             return plan
         duration = self.step_time.duration(plan)
@@ -197,62 +228,109 @@ class SimEngine:
         self.steps += 1
         self.busy_time += duration
         for running in plan.decodes:
-            self._emit(running)
+            self._emit(running, grows=True)
         for running, chunk in plan.prefills:
             running.prefill_remaining -= chunk
             if running.prefill_remaining == 0:
                 self._prefill_done(running)
+        self._note_memory()
         return plan
 
-    def _prefill_done(self, running: Running) -> None:
-        serving = self._serving[running.request_id]
-        extend = running.request.prompt_tokens - self._cached_at_admission[running.request_id]
-        serving.reserved -= extend
-        self._reserved -= extend
-        self.cache.insert(serving.tokens, CACHE_OWNER)
-        if serving.lock is not None:
-            self.cache.unlock(serving.lock)
-        serving.lock = self.cache.lock(serving.tokens)
-        self._emit(running)  # the prefill produces the first output token
+    def _room_in_cache(self, tokens: int) -> bool:
+        """Is there room for `tokens` more (beyond this step's decodes), after evicting
+        unlocked cached prefixes if needed?"""
+        need = self.memory_used + self._decode_room + tokens
+        if need > self.memory_tokens:
+            self.cache.evict_lru(need - self.memory_tokens)
+        return self.memory_used + self._decode_room + tokens <= self.memory_tokens
 
-    def _emit(self, running: Running) -> None:
-        serving = self._serving[running.request_id]
-        running.output_tokens += 1
-        running.last_step_end = self.now
-        if serving.first_token_at is None:
-            serving.first_token_at = self.now
-        self.policy.record_output(running.request_id, 1)
-        if running.output_tokens >= serving.output_target:
-            self._finish(serving)
+    def _make_room(self) -> None:
+        """Room for this step's decodes: evict cached prefixes, then preempt as the
+        policy orders."""
+        while not self._room_in_cache(0) and self.running:
+            for running in self.policy.preemption_order(self.running):
+                self._preempt(running)
+                if self._room_in_cache(0) and not self.policy.preempt_all:
+                    return
 
-    def _finish(self, serving: _Serving) -> None:
-        running = serving.running
-        request_id = running.request_id
-        self.policy.finish(request_id)
+    def _preempt(self, running: Running) -> None:
+        job = self._jobs[running.request_id]
+        if running.decoding:
+            self._decode_room -= 1
+        self._release(job)
         self.running.remove(running)
-        del self._serving[request_id]
-        self._reserved -= serving.reserved
-        if serving.lock is not None:
-            self.cache.unlock(serving.lock)
-        assert serving.first_token_at is not None
+        job.running = None
+        job.preemptions += 1
+        self.preemptions += 1
+        self.policy.preempt(running.request_id)
+        if self.listener is not None:
+            self.listener.preempted(self, running.request)
+
+    def _release(self, job: _Job) -> None:
+        self._held -= job.private + job.reserved
+        job.private = job.reserved = 0
+        if job.lock is not None:
+            self.cache.unlock(job.lock)
+            job.lock = None
+
+    def _prefill_done(self, running: Running) -> None:
+        job = self._jobs[running.request_id]
+        # The prompt's KV moves into the shared cache; generated tokens stay private.
+        prompt_part = running.request.prompt_tokens - job.cached
+        job.private -= prompt_part
+        self._held -= prompt_part
+        self.cache.insert(job.tokens, CACHE_OWNER)
+        if job.lock is not None:
+            self.cache.unlock(job.lock)
+        job.lock = self.cache.lock(job.tokens)
+        self._emit(running, grows=False)  # a prefill (or a recompute) yields the next token
+
+    def _emit(self, running: Running, grows: bool) -> None:
+        """One more output token. A decode step `grows` the KV by the token it read (the
+        previous one); the prefill's token adds none, so a request with prompt s and o
+        outputs peaks at s + o − 1 tokens, as in vLLM. In reserve mode the room was set
+        aside at admission."""
+        job = self._jobs[running.request_id]
+        running.output_tokens += 1
+        job.output_done = running.output_tokens
+        running.last_step_end = self.now
+        if self.admission == "reserve":
+            job.private += 1
+            job.reserved -= 1  # reserved room becomes used room: memory use is unchanged
+        elif grows:
+            job.private += 1
+            self._held += 1
+        if job.first_token_at is None:
+            job.first_token_at = self.now
+        self.policy.record_output(running.request_id, 1)
+        if running.output_tokens >= job.output_target:
+            self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        running = job.running
+        assert running is not None and job.admitted_at is not None
+        assert job.first_token_at is not None
+        self.policy.finish(running.request_id)
+        self.running.remove(running)
+        self._release(job)
+        del self._jobs[running.request_id]
         completion = Completion(
-            running.request,
-            self._cached_at_admission.pop(request_id),
+            job.request,
+            job.cached,
             running.output_tokens,
-            serving.admitted_at,
-            serving.first_token_at,
+            job.admitted_at,
+            job.first_token_at,
             self.now,
+            job.preemptions,
         )
         self.completions.append(completion)
         if self.listener is not None:
             self.listener.finished(self, completion)
 
+    def _note_memory(self) -> None:
+        self.peak_memory = max(self.peak_memory, self.memory_used)
+
     def _report_eviction(self, tokens: Sequence[int], keep: int, owners: object) -> None:
+        self._hits.clear()  # hits looked up earlier this step may have just been evicted
         if self.listener is not None:
             self.listener.evicted(self, tokens, keep)
-
-    def _tokens_of(self, request: Request) -> Sequence[int]:
-        pending = self._pending.get(request.request_id)
-        if pending is not None:
-            return pending[0]
-        return self._serving[request.request_id].tokens

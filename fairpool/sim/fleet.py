@@ -19,7 +19,7 @@ from fairpool.sched.errors import ConfigError, require_count
 from fairpool.sched.registry import make_policy, make_router, policy_parameters
 from fairpool.sched.requests import Request
 from fairpool.sched.routers.base import RouteRequest
-from fairpool.sim.engine import Completion, SimEngine, StepTime
+from fairpool.sim.engine import Admission, Completion, SimEngine, StepTime
 from fairpool.sim.metrics import Recorder
 from fairpool.sim.trace import SegmentTokens, TraceRequest
 
@@ -32,6 +32,7 @@ class FleetConfig:
     memory_tokens: int = 10_000
     token_budget: int = 2048
     step_time: StepTime = field(default_factory=StepTime)
+    admission: Admission = "paged"
     quantum: float | None = None
     worker_quantum: float | None = None
     cost: CostModel = field(default_factory=CostModel)
@@ -56,6 +57,7 @@ class Fleet:
                 memory_tokens=config.memory_tokens,
                 token_budget=config.token_budget,
                 step_time=config.step_time,
+                admission=config.admission,
                 name=f"w{index}",
                 listener=self,
             )
@@ -166,6 +168,9 @@ class Fleet:
 
     def admitted(self, engine: SimEngine, request: Request) -> None:
         self.recorder.admitted(request, engine.now)
+
+    def preempted(self, engine: SimEngine, request: Request) -> None:
+        self.recorder.preempted(request, engine.now)
 
     def finished(self, engine: SimEngine, completion: Completion) -> None:
         self._sequence += 1

@@ -57,7 +57,7 @@ class Recorder:
         self.service_values: dict[str, list[float]] = defaultdict(list)
         self.completions: list[Completion] = []
         self.end = 0.0
-        self._admitted: set[str] = set()
+        self.preemptions = 0
         self._engine_served: dict[str, dict[str, float]] = defaultdict(dict)
         self._total: dict[str, float] = defaultdict(float)
 
@@ -69,10 +69,12 @@ class Recorder:
         self._waiting_changed(request.tenant, +1, request.arrival)
 
     def admitted(self, request: Request, time: float) -> None:
-        if request.request_id in self._admitted:
-            return
-        self._admitted.add(request.request_id)
         self._waiting_changed(request.tenant, -1, time)
+
+    def preempted(self, request: Request, time: float) -> None:
+        """A preempted request waits again (for its recompute)."""
+        self.preemptions += 1
+        self._waiting_changed(request.tenant, +1, time)
 
     def finished(self, completion: Completion) -> None:
         self.completions.append(completion)

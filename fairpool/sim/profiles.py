@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fairpool.sched.errors import ConfigError
-from fairpool.sim.engine import StepTime
+from fairpool.sim.engine import Admission, StepTime
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Profile:
     memory_tokens: int
     token_budget: int
     step_time: StepTime
+    admission: Admission = "paged"
 
 
 PROFILES: dict[str, Profile] = {
@@ -35,7 +36,8 @@ PROFILES: dict[str, Profile] = {
             "Llama-2-7B on one A10G (24 GB), VTC's set-up: M = 10,000 tokens (VTC §5.1), "
             "3,072-token prefill budget (its artifact). 13.5 GB of weights at 600 GB/s is "
             "23 ms; S-LoRA's overheads are folded into base so that 256-in/256-out "
-            "overload serves about 893 tokens/s as the paper measured.",
+            "overload serves about 893 tokens/s as the paper measured. Admission reserves "
+            "max_tokens of output, as S-LoRA does.",
             memory_tokens=10_000,
             token_budget=3072,
             step_time=StepTime(
@@ -44,6 +46,7 @@ PROFILES: dict[str, Profile] = {
                 per_decode=0.0002,
                 per_context_token=8.7e-7,
             ),
+            admission="reserve",
         ),
         Profile(
             "llama2-70b-2xa100",

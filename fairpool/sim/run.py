@@ -69,6 +69,7 @@ def simulate(
         memory_tokens=memory,
         token_budget=profile.token_budget,
         step_time=profile.step_time,
+        admission=profile.admission,
         quantum=options.quantum,
         worker_quantum=options.worker_quantum,
         weights=weights,

@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--worker-quantum", type=_positive_float, help="D2LPM quantum Q^w")
     sim.add_argument("--tenants", metavar="FILE", help="TenantQuota YAML with tenant weights")
     sim.add_argument("--duration", type=_positive_float, help="virtual seconds to simulate")
+    sim.add_argument(
+        "--rpm-limit", type=_positive_int, help="refuse a tenant's requests beyond N per minute"
+    )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--json", metavar="FILE", help="write the summary as JSON")
     sim.add_argument("--plot", metavar="FILE.png", help="plot service over time and latency")
@@ -153,6 +156,7 @@ def _sim(args: argparse.Namespace) -> int:
         tenants=args.tenants,
         duration=args.duration,
         seed=args.seed,
+        rpm_limit=args.rpm_limit,
     )
     run_command(options, args.json, args.plot, args.write_trace, _wide_console())
     return 0

@@ -332,3 +332,16 @@ def test_sim_command_rejects_bad_names_with_the_option_named(tmp_path, capsys):
     assert "quantum" in capsys.readouterr().err
     assert main(["sim", "--trace", str(tmp_path / "missing.jsonl")]) == 2
     assert "--trace" in capsys.readouterr().err
+
+
+def test_rpm_limit_refuses_requests_beyond_the_window():
+    from fairpool.sched.limits import RequestRateLimiter
+
+    limiter = RequestRateLimiter(2)
+    assert [limiter.allow("a", t) for t in (0, 1, 2, 61, 61.5)] == [True, True, False, True, True]
+    assert limiter.allow("b", 2)
+    trace = uniform("a", 1, 120, 50, 5)
+    config = FleetConfig(rpm_limit=30, step_time=FAST, memory_tokens=2000)
+    summary = Fleet(config).run(trace).summary()
+    assert summary["tenants"]["a"]["rejected"] == 60
+    assert summary["tenants"]["a"]["finished"] == 60

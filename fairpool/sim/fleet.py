@@ -16,6 +16,7 @@ from typing import Any
 
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError, require_count
+from fairpool.sched.limits import RequestRateLimiter
 from fairpool.sched.registry import make_policy, make_router, policy_parameters
 from fairpool.sched.requests import Request
 from fairpool.sched.routers.base import RouteRequest
@@ -37,6 +38,7 @@ class FleetConfig:
     worker_quantum: float | None = None
     cost: CostModel = field(default_factory=CostModel)
     weights: TenantWeights = field(default_factory=TenantWeights)
+    rpm_limit: int | None = None  # requests per minute per tenant, refused beyond it
 
     def __post_init__(self) -> None:
         require_count("workers", self.workers, minimum=1)
@@ -73,6 +75,9 @@ class Fleet:
             cost=config.cost,
             weights=config.weights,
             **router_params,
+        )
+        self.limiter = (
+            RequestRateLimiter(config.rpm_limit) if config.rpm_limit is not None else None
         )
         self._completions: list[tuple[float, int, str, int]] = []
         self._sequence = 0
@@ -140,6 +145,9 @@ class Fleet:
             arrival=trace_request.t,
             slo=trace_request.slo,
         )
+        if self.limiter is not None and not self.limiter.allow(request.tenant, request.arrival):
+            self.recorder.rejected(request)
+            return
         tokens = self.tokens.tokens(trace_request.segments)
         worker = self.router.route(
             RouteRequest(request.request_id, request.tenant, tokens, request.prompt_tokens)

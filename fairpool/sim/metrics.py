@@ -41,6 +41,7 @@ def percentile(values: list[float], fraction: float) -> float | None:
 @dataclass
 class _Tenant:
     requests: int = 0
+    rejected: int = 0
     waiting: int = 0
     backlog_started: float | None = None
 
@@ -67,6 +68,12 @@ class Recorder:
         tenant = self.tenants[request.tenant]
         tenant.requests += 1
         self._waiting_changed(request.tenant, +1, request.arrival)
+
+    def rejected(self, request: Request) -> None:
+        """Refused on arrival by a hard limit: counted, never served nor backlogged."""
+        tenant = self.tenants[request.tenant]
+        tenant.requests += 1
+        tenant.rejected += 1
 
     def admitted(self, request: Request, time: float) -> None:
         self._waiting_changed(request.tenant, -1, time)
@@ -156,6 +163,7 @@ class Recorder:
             latencies = [c.finished_at - c.request.arrival for c in done]
             tenants[name] = {
                 "requests": self.tenants[name].requests,
+                "rejected": self.tenants[name].rejected,
                 "finished": len(done),
                 "service": round(self._total.get(name, 0.0), 3),
                 "input_tokens": sum(c.request.prompt_tokens for c in done),

@@ -36,6 +36,7 @@ class SimOptions:
     tenants: str | None = None
     duration: float | None = None
     seed: int = 0
+    rpm_limit: int | None = None
 
 
 def load_requests(options: SimOptions) -> list[TraceRequest]:
@@ -73,6 +74,7 @@ def simulate(
         quantum=options.quantum,
         worker_quantum=options.worker_quantum,
         weights=weights,
+        rpm_limit=options.rpm_limit,
     )
     fleet = Fleet(config, seed=options.seed)
     recorder = fleet.run(requests, duration=options.duration, progress=progress)

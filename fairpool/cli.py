@@ -75,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     source = sim.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE", help="trace file (JSON lines)")
     source.add_argument("--workload", metavar="NAME", help="a generated workload")
+    sim.add_argument(
+        "--workload-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a workload parameter, e.g. rate=10 or rpm=[90,180] (repeatable)",
+    )
     sim.add_argument("--workers", type=_positive_int, default=1)
     sim.add_argument("--policy", default="dlpm", help="local policy (default dlpm)")
     sim.add_argument("--router", default="d2lpm", help="router (default d2lpm)")
@@ -96,6 +103,22 @@ def _parser() -> argparse.ArgumentParser:
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
+
+
+def _key_values(option: str, items: list[str]) -> dict[str, object]:
+    """KEY=VALUE pairs; VALUE is read as JSON when it parses (numbers, lists), else text."""
+    parsed: dict[str, object] = {}
+    for item in items:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise ConfigError(option, f"expected KEY=VALUE, got {item!r}")
+        try:
+            parsed[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parsed[key] = value
+        if isinstance(parsed[key], list):
+            parsed[key] = tuple(parsed[key])  # type: ignore[arg-type]
+    return parsed
 
 
 def _positive_int(text: str) -> int:
@@ -157,6 +180,7 @@ def _sim(args: argparse.Namespace) -> int:
         duration=args.duration,
         seed=args.seed,
         rpm_limit=args.rpm_limit,
+        workload_params=_key_values("--workload-param", args.workload_param),
     )
     run_command(options, args.json, args.plot, args.write_trace, _wide_console())
     return 0

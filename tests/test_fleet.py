@@ -345,3 +345,27 @@ def test_rpm_limit_refuses_requests_beyond_the_window():
     summary = Fleet(config).run(trace).summary()
     assert summary["tenants"]["a"]["rejected"] == 60
     assert summary["tenants"]["a"]["finished"] == 60
+
+
+def test_workload_parameters_from_the_command_line(tmp_path, capsys):
+    saved = tmp_path / "w.jsonl"
+    args = [
+        "sim",
+        "--workload",
+        "vtc_overload",
+        "--workload-param",
+        "rpm=[60,120]",
+        "--duration",
+        "10",
+        "--write-trace",
+        str(saved),
+    ]
+    assert main(args) == 0
+    counts = {}
+    for request in read_trace(saved):
+        counts[request.tenant] = counts.get(request.tenant, 0) + 1
+    assert counts == {"c1": 10, "c2": 20}
+    assert main(["sim", "--workload", "vtc_overload", "--workload-param", "bogus=1"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert main(["sim", "--workload", "vtc_overload", "--workload-param", "novalue"]) == 2
+    assert "--workload-param" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +37,25 @@ class SimOptions:
     duration: float | None = None
     seed: int = 0
     rpm_limit: int | None = None
+    workload_params: dict[str, object] = field(default_factory=dict)
 
 
 def load_requests(options: SimOptions) -> list[TraceRequest]:
     if (options.trace is None) == (options.workload is None):
         raise ConfigError("--trace", "give exactly one of --trace FILE and --workload NAME")
     if options.trace is not None:
+        if options.workload_params:
+            raise ConfigError("--workload-param", "only applies to --workload")
         return read_trace(options.trace)
     from fairpool.sim.workloads import generate
 
     assert options.workload is not None
-    return generate(options.workload, duration=options.duration or 60.0, seed=options.seed)
+    return generate(
+        options.workload,
+        duration=options.duration or 60.0,
+        seed=options.seed,
+        **options.workload_params,
+    )
 
 
 def simulate(

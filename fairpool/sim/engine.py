@@ -77,6 +77,8 @@ class _Job:
     admitted_at: float | None = None
     first_token_at: float | None = None
     preemptions: int = 0
+    token_gaps: list[float] = field(default_factory=list)  # time between tokens (TBT)
+    last_token_at: float = 0.0
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Completion:
     first_token_at: float
     finished_at: float
     preemptions: int = 0
+    token_gaps: list[float] = field(default_factory=list)
 
 
 class EngineListener(Protocol):
@@ -293,6 +296,9 @@ class SimEngine:
         job = self._jobs[running.request_id]
         running.output_tokens += 1
         job.output_done = running.output_tokens
+        if job.first_token_at is not None:  # across preemptions, too
+            job.token_gaps.append(self.now - job.last_token_at)
+        job.last_token_at = self.now
         running.last_step_end = self.now
         if self.admission == "reserve":
             job.private += 1
@@ -322,6 +328,7 @@ class SimEngine:
             job.first_token_at,
             self.now,
             job.preemptions,
+            job.token_gaps,
         )
         self.completions.append(completion)
         if self.listener is not None:

@@ -161,6 +161,7 @@ class Recorder:
             done = [c for c in finished if c.request.tenant == name]
             ttfts = [c.first_token_at - c.request.arrival for c in done]
             latencies = [c.finished_at - c.request.arrival for c in done]
+            gaps = [gap for c in done for gap in c.token_gaps]
             tenants[name] = {
                 "requests": self.tenants[name].requests,
                 "rejected": self.tenants[name].rejected,
@@ -172,6 +173,8 @@ class Recorder:
                 "ttft_p99": _rounded(percentile(ttfts, 0.99)),
                 "latency_p50": _rounded(statistics.median(latencies) if latencies else None),
                 "latency_p99": _rounded(percentile(latencies, 0.99)),
+                "tbt_p50": _rounded(statistics.median(gaps) if gaps else None),
+                "tbt_p99": _rounded(percentile(gaps, 0.99)),
                 "backlogged_s": round(sum(e - s for s, e in self.backlog.get(name, [])), 3),
             }
         weighted = [self._total.get(name, 0.0) / self.weights[name] for name in tenants]

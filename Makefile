@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit demo bench bench-smoke clean
+.PHONY: venv test lint typecheck unit demo bench bench-smoke reproduce clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,10 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_radix.py --quick > /dev/null
 	$(BIN)/python bench/bench_routing.py --quick > /dev/null
 	@echo "bench-smoke: ok"
+
+## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.
+reproduce: $(STAMP)
+	$(BIN)/python -m fairpool.sim.reproduce
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,136 @@
+"""`make reproduce` at toy scale: each experiment's structure, and the claims that hold
+even over a few virtual seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairpool.sim import reproduce
+
+
+@pytest.fixture(scope="module")
+def overload():
+    return reproduce.vtc_overload(duration=30.0, step=5.0)
+
+
+def test_vtc_overload_fcfs_serves_the_heavier_client_more_than_vtc(overload):
+    fcfs, vtc = overload["service"]["fcfs"], overload["service"]["vtc"]
+    assert fcfs["c2"] > 1.5 * fcfs["c1"]
+    assert fcfs["c2"] / fcfs["c1"] > vtc["c2"] / vtc["c1"]
+    assert overload["difference"]["fcfs"][-1] > overload["difference"]["vtc"][-1]
+    assert overload["gap"]["vtc"] <= overload["bound"]
+    assert len(overload["times"]) == len(overload["difference"]["vtc"]) == 7
+    assert set(overload["rates"]["vtc"]) == {"c1", "c2"}
+    assert overload["throughput"]["vtc"] > 0
+    assert set(overload["table_diff"]["vtc"]) == {"max", "avg"}
+
+
+def test_vtc_on_off_serves_an_under_share_client_all_it_asks():
+    result = reproduce.vtc_on_off(duration=120.0, step=5.0)
+    assert set(result) == {"vtc_on_off", "vtc_on_off_overload"}
+    under, over = result["vtc_on_off"], result["vtc_on_off_overload"]
+    assert under["c1_served_fraction"] > 0.9
+    assert under["c1_ttft_p50"] < under["c2_ttft_p50"]
+    for run in (under, over):
+        assert run["gap"] <= run["bound"]
+        assert len(run["rates"]["c1"]) == len(run["times"])
+
+
+def test_vtc_weighted_orders_service_by_weight():
+    result = reproduce.vtc_weighted(duration=30.0, step=5.0)
+    ratio = result["weighted"]["ratio"]
+    assert ratio["c1"] < ratio["c2"] < ratio["c3"] < ratio["c4"]
+    assert max(result["unweighted"]["ratio"].values()) < ratio["c4"]
+    assert result["weighted"]["gap"] <= result["weighted"]["bound"]
+
+
+@pytest.fixture(scope="module")
+def single():
+    return reproduce.dlpm_single(scale=0.3, memories=(60_000,), quanta=(None, 32768.0))
+
+
+def test_dlpm_single_rows_and_bounds(single):
+    assert set(single) == set(reproduce.DLPM_WORKLOADS)
+    for result in single.values():
+        labels = [(row["policy"], row["quantum"]) for row in result["rows"]]
+        assert labels == [("fcfs", None), ("lpm", None), ("vtc", None), ("dlpm", None),
+                          ("dlpm", 32768.0)]  # fmt: skip
+        for row in result["rows"]:
+            assert 0 < row["jain"] <= 1
+            assert 0 <= row["hit_rate"] <= 1
+            assert row["throughput"] > 0
+            if row["policy"] in ("vtc", "dlpm"):
+                assert row["gap"] <= row["bound"]
+            else:
+                assert row["bound"] is None
+
+
+def test_dlpm_single_fair_policies_contain_the_misbehaving_client(single):
+    # QA overloads within seconds; a few seconds of ToT trees barely load the engine.
+    qa = single["dlpm_shared_prefix"]
+    lpm = reproduce._row(qa, "lpm", "round_robin")
+    for fair in (
+        reproduce._row(qa, "dlpm", "round_robin"),
+        reproduce._row(qa, "vtc", "round_robin"),
+    ):
+        assert fair["jain"] > lpm["jain"]
+        assert fair["misbehaving_share"] < lpm["misbehaving_share"]
+
+
+def test_dlpm_single_lpm_keeps_locality_that_vtc_loses(single):
+    qa = single["dlpm_shared_prefix"]
+    lpm = reproduce._row(qa, "lpm", "round_robin")
+    vtc = reproduce._row(qa, "vtc", "round_robin")
+    assert lpm["hit_rate"] > vtc["hit_rate"]
+
+
+def test_multi_worker_rows():
+    result = reproduce.multi_worker(scale=0.05, workers=2, workloads=("dlpm_shared_prefix",))
+    rows = result["dlpm_shared_prefix"]["rows"]
+    names = [reproduce._scheme_name(row) for row in rows]
+    assert names[:4] == ["D2LPM", "RR+LPM", "cache_aware+LPM", "VTC+RR"]
+    assert names[4].startswith("D2LPM (Q^w=")
+    for row in rows:
+        assert (row["bound"] is not None) == (row["router"] == "d2lpm")
+        assert row["latency"]["count"] > 0
+
+
+def test_main_writes_results_and_plots(tmp_path, monkeypatch):
+    """The whole target at toy scale, with the DLPM suites cut to one run each."""
+    monkeypatch.setattr(reproduce, "DLPM_SINGLE_MEMORIES", (60_000,))
+    monkeypatch.setattr(reproduce, "DLPM_QUANTA", (None,))
+    monkeypatch.setattr(
+        reproduce,
+        "dlpm_single",
+        lambda scale: reproduce._dlpm_suite(
+            1,
+            [(policy, "round_robin", None, None) for policy in ("fcfs", "lpm", "vtc", "dlpm")],
+            scale,
+            (120_000, 60_000),
+            ("dlpm_shared_prefix",),
+        ),
+    )
+    monkeypatch.setattr(
+        reproduce,
+        "multi_worker",
+        lambda scale: reproduce._dlpm_suite(
+            2,
+            [
+                ("dlpm", "d2lpm", None, reproduce.DLPM_WORKER_QUANTUM),
+                ("lpm", "round_robin", None, None),
+                ("lpm", "cache_aware", None, None),
+                ("vtc", "round_robin", None, None),
+            ],
+            scale,
+            (60_000,),
+            ("dlpm_shared_prefix",),
+        ),
+    )
+    assert reproduce.main(["--out", str(tmp_path), "--scale", "0.05"]) == 0
+    text = (tmp_path / "results.md").read_text()
+    for heading in ("## 1. VTC", "## 2. VTC", "## 3. Weighted", "## 4. DLPM", "## 5. Four"):
+        assert heading in text
+    assert "893 (Table 5)" in text and "up to 9.55×" in text
+    for name in ("vtc-overload", "vtc-on-off", "vtc-weighted", "dlpm-single", "multi-worker"):
+        image = tmp_path / "img" / f"results-{name}.png"
+        assert image.read_bytes()[:4] == b"\x89PNG"

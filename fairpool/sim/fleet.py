@@ -65,7 +65,8 @@ class Fleet:
             )
             for index in range(config.workers)
         ]
-        self._by_name = {engine.name: engine for engine in self.engines}
+        self._positions = {engine.name: position for position, engine in enumerate(self.engines)}
+        self._busy: list[tuple[float, int]] = []  # see run()
         router_params: dict[str, Any] = {}
         if config.worker_quantum is not None:
             router_params["worker_quantum"] = config.worker_quantum
@@ -108,10 +109,17 @@ class Fleet:
         arrivals = sorted(enumerate(trace), key=lambda item: (item[1].t, item[0]))
         next_arrival = 0
         now = 0.0
+        # Busy engines by (clock, position): only an engine's own step moves its clock
+        # while it is busy, and only a step (done) or an arrival (busy) changes idleness.
+        self._busy = [
+            (engine.now, position)
+            for position, engine in enumerate(self.engines)
+            if not engine.idle()
+        ]
+        heapq.heapify(self._busy)
         while True:
             arrival_time = arrivals[next_arrival][1].t if next_arrival < len(arrivals) else None
-            busy = [engine for engine in self.engines if not engine.idle()]
-            engine_time = min((engine.now for engine in busy), default=None)
+            engine_time = self._busy[0][0] if self._busy else None
             if arrival_time is None and engine_time is None:
                 break
             if engine_time is None or (arrival_time is not None and arrival_time <= engine_time):
@@ -126,9 +134,12 @@ class Fleet:
                 now = engine_time
                 if now >= end:
                     break
-                engine = min(busy, key=lambda candidate: candidate.now)
+                _, position = heapq.heappop(self._busy)
+                engine = self.engines[position]
                 engine.step()
                 self.recorder.served_after_step(engine.now, engine.name, engine.policy.served)
+                if not engine.idle():
+                    heapq.heappush(self._busy, (engine.now, position))
             if progress is not None:
                 progress(now)
         self._deliver_completions(float("inf"))
@@ -152,11 +163,15 @@ class Fleet:
         worker = self.router.route(
             RouteRequest(request.request_id, request.tenant, tokens, request.prompt_tokens)
         )
-        engine = self._by_name[worker]
-        if engine.idle():
+        position = self._positions[worker]
+        engine = self.engines[position]
+        was_idle = engine.idle()
+        if was_idle:
             engine.now = max(engine.now, trace_request.t)
         self.recorder.arrived(request, worker)
         engine.submit(request, tokens, trace_request.output_tokens)
+        if was_idle:
+            heapq.heappush(self._busy, (engine.now, position))
 
     def _deliver_completions(self, until: float) -> None:
         while self._completions and self._completions[0][0] <= until:

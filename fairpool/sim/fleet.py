@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairpool.sched.batch import BatchPlan
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError, require_count
 from fairpool.sched.limits import RequestRateLimiter
@@ -136,8 +137,10 @@ class Fleet:
                     break
                 _, position = heapq.heappop(self._busy)
                 engine = self.engines[position]
-                engine.step()
-                self.recorder.served_after_step(engine.now, engine.name, engine.policy.served)
+                plan = engine.step()
+                self.recorder.served_after_step(
+                    engine.now, engine.name, engine.policy.served, _charged_tenants(plan)
+                )
                 if not engine.idle():
                     heapq.heappush(self._busy, (engine.now, position))
             if progress is not None:
@@ -210,3 +213,11 @@ class Fleet:
 
     def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None:
         self.router.evicted(tokens, engine.name, keep)
+
+
+def _charged_tenants(plan: BatchPlan) -> set[str]:
+    """The tenants a step can have charged: policies charge admissions (which always
+    start a prefill chunk) and output tokens (of decodes and finished prefills)."""
+    tenants = {running.tenant for running in plan.decodes}
+    tenants.update(running.tenant for running, _ in plan.prefills)
+    return tenants

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +86,18 @@ class Recorder:
     def finished(self, completion: Completion) -> None:
         self.completions.append(completion)
 
-    def served_after_step(self, time: float, engine: str, served: Mapping[str, float]) -> None:
+    def served_after_step(
+        self,
+        time: float,
+        engine: str,
+        served: Mapping[str, float],
+        tenants: Iterable[str] | None = None,
+    ) -> None:
+        """`engine`'s cumulative service per tenant after a step ending at `time`;
+        `tenants`: those the step may have charged (default: every tenant in `served`)."""
         seen = self._engine_served[engine]
-        for tenant, value in served.items():
+        for tenant in served if tenants is None else tenants:
+            value = served.get(tenant, 0.0)
             delta = value - seen.get(tenant, 0.0)
             if delta:
                 seen[tenant] = value

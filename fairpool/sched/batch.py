@@ -44,12 +44,10 @@ def form_batch(
     due, deferred = policy.split_decodes(engine)
 
     def add_decodes(candidates: list[Running]) -> None:
-        for running in candidates:
-            if plan.tokens + 1 > budget or (
-                decode_cap is not None and len(plan.decodes) >= decode_cap
-            ):
-                return
-            plan.decodes.append(running)
+        room = budget - plan.tokens  # a decode is one token
+        if decode_cap is not None:
+            room = min(room, decode_cap - len(plan.decodes))
+        plan.decodes.extend(candidates[: max(room, 0)])
 
     add_decodes(due)
     for running in engine.running:

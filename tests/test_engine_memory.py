@@ -107,3 +107,28 @@ def test_sarathi_chunks_prefills_under_its_budget():
     engine.submit(Request("long", "a", 2000, 5), unique_tokens(1, 2000), 5)
     plan = engine.step()
     assert plan.tokens == 512
+
+
+def test_evictable_cache_counts_as_free_in_utilisation():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=1000)
+    serve(engine, [("a", 400, 2)])
+    assert engine.memory_used == 400  # the prompt stays cached after the request
+    assert engine.memory_in_use == 0 and engine.memory_utilization == 0
+
+
+def test_a_policy_that_refuses_an_empty_engine_stalls_instead_of_spinning():
+    from fairpool.sim.fleet import Fleet, FleetConfig
+    from fairpool.sim.trace import TraceRequest
+
+    # alpha = 0.9 admits nothing whose prompt is over 10 % of memory: an empty engine
+    # with requests waiting and nothing to do until something else arrives.
+    config = FleetConfig(policy="alpha_protection", memory_tokens=1000)
+    fleet = Fleet(config)
+    fleet.engines[0].policy.alpha = 0.9
+    trace = [
+        TraceRequest(0.0, "a", ((None, 500),), 5, 5),
+        TraceRequest(1.0, "a", ((None, 50),), 5, 5),
+    ]
+    summary = fleet.run(trace).summary()
+    assert fleet.engines[0].stalled
+    assert summary["tenants"]["a"]["finished"] == 0  # FCFS head-of-line blocks the small one

@@ -91,6 +91,7 @@ def check_structure(tree: RadixTree, handles: Sequence[LockHandle] = ()) -> None
             expected_refs[id(node)] += 1
     for node in nodes:
         assert node.refs == expected_refs[id(node)], "lock count drifted"
+    assert tree.locked_tokens == sum(len(node.key) for node in nodes if node.refs), "locked"
 
 
 # ---------------------------------------------------------------------------- basics

@@ -60,7 +60,7 @@ class TreeStats:
 
 
 class _Node:
-    __slots__ = ("children", "key", "last_access", "owners", "parent", "refs")
+    __slots__ = ("children", "detached", "key", "last_access", "owners", "parent", "refs")
 
     def __init__(self, key: Key, parent: _Node | None) -> None:
         self.key = key
@@ -69,6 +69,7 @@ class _Node:
         self.owners: set[Owner] = set()
         self.last_access = 0
         self.refs = 0
+        self.detached = False
 
 
 def _whole_edge_matches(seq: Key, position: int, key: Key) -> bool:
@@ -144,6 +145,7 @@ class RadixTree:
         self._node_count = 0
         self._token_count = 0
         self._evicted_tokens = 0
+        self._locked_tokens = 0
         self._owner_tokens: dict[Owner, int] = {}
         self._leaf_heap: list[tuple[int, int, _Node]] = []
         self._tiebreak = itertools.count()
@@ -194,6 +196,11 @@ class RadixTree:
     def __len__(self) -> int:
         """Number of tokens (or characters) stored."""
         return self._token_count
+
+    @property
+    def locked_tokens(self) -> int:
+        """Tokens on locked paths: in use, not evictable."""
+        return self._locked_tokens
 
     # ------------------------------------------------------------------ updates
 
@@ -454,6 +461,9 @@ class RadixTree:
             self._token_count -= len(current.key)
             for owner in list(current.owners):
                 self._drop_owner(current, owner)
+            if current.refs > 0:
+                self._locked_tokens -= len(current.key)
+            current.detached = True
             current.parent = None
             stack.extend(current.children.values())
         if parent is not self._root and not parent.children:
@@ -463,9 +473,14 @@ class RadixTree:
     def _add_refs(self, node: _Node, delta: int) -> None:
         current: _Node | None = node
         while current is not None and current is not self._root:
+            was_locked = current.refs > 0
             current.refs += delta
             if current.refs < 0:
                 raise ConfigError("handle", "unlock without a matching lock")
+            if was_locked != (current.refs > 0) and not current.detached:
+                self._locked_tokens += (
+                    len(current.key) if was_locked is False else -len(current.key)
+                )
             current = current.parent  # None once an owner eviction detached the path
 
     def _push_leaf(self, node: _Node) -> None:

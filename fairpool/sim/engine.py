@@ -136,6 +136,7 @@ class SimEngine:
         self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
         self._held = 0  # Σ private + reserved over running jobs
         self._decode_room = 0  # tokens set aside for this step's decodes (paged)
+        self._stalled = False
 
     # ------------------------------------------------------------------ EngineView
 
@@ -148,8 +149,14 @@ class SimEngine:
         return len(self.cache) + self._held
 
     @property
+    def memory_in_use(self) -> int:
+        """KV tokens running requests need: their locked prefixes and private tokens.
+        Unlocked cached prefixes count as free, as vLLM counts its evictable blocks."""
+        return self.cache.locked_tokens + self._held
+
+    @property
     def memory_utilization(self) -> float:
-        return min(self.memory_used / self.memory_tokens, 1.0)
+        return min(self.memory_in_use / self.memory_tokens, 1.0)
 
     def cached_tokens(self, request: Request) -> int:
         """Prefix hit of a waiting request, looked up once per step (LPM orders ask often)."""
@@ -179,6 +186,7 @@ class SimEngine:
         target = min(output_tokens, request.max_tokens)
         self._jobs[request.request_id] = _Job(request, tokens, target)
         self.policy.add(request)
+        self._stalled = False
 
     def try_admit(self, request: Request, cached_tokens: int) -> Running | None:
         job = self._jobs[request.request_id]
@@ -216,6 +224,12 @@ class SimEngine:
     def idle(self) -> bool:
         return not self.running and self.policy.waiting_count == 0
 
+    @property
+    def stalled(self) -> bool:
+        """Requests wait, nothing runs, and the policy admitted none at the last step:
+        nothing changes until another request arrives."""
+        return self._stalled and not self.running
+
     def step(self) -> BatchPlan:
         """Run one iteration; advances `now` by its duration (by nothing if idle)."""
         self._hits.clear()
@@ -224,7 +238,8 @@ class SimEngine:
             self._make_room()
         plan = form_batch(self.policy, self, self.token_budget)
         self._decode_room = 0  # what the plan does not decode is not needed this step
-        if not plan.decodes and not plan.prefills:
+        self._stalled = not plan.decodes and not plan.prefills
+        if self._stalled:
             return plan
         duration = self.step_time.duration(plan)
         self.now += duration
@@ -293,22 +308,23 @@ class SimEngine:
         previous one); the prefill's token adds none, so a request with prompt s and o
         outputs peaks at s + o − 1 tokens, as in vLLM. In reserve mode the room was set
         aside at admission."""
-        job = self._jobs[running.request_id]
+        request_id = running.request.request_id
+        job = self._jobs[request_id]
+        now = self.now
         running.output_tokens += 1
         job.output_done = running.output_tokens
-        if job.first_token_at is not None:  # across preemptions, too
-            job.token_gaps.append(self.now - job.last_token_at)
-        job.last_token_at = self.now
-        running.last_step_end = self.now
+        if job.first_token_at is None:
+            job.first_token_at = now
+        else:  # time between tokens, across preemptions too
+            job.token_gaps.append(now - job.last_token_at)
+        job.last_token_at = running.last_step_end = now
         if self.admission == "reserve":
             job.private += 1
             job.reserved -= 1  # reserved room becomes used room: memory use is unchanged
         elif grows:
             job.private += 1
             self._held += 1
-        if job.first_token_at is None:
-            job.first_token_at = self.now
-        self.policy.record_output(running.request_id, 1)
+        self.policy.record_output(request_id, 1)
         if running.output_tokens >= job.output_target:
             self._finish(job)
 

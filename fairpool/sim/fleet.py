@@ -111,7 +111,8 @@ class Fleet:
         next_arrival = 0
         now = 0.0
         # Busy engines by (clock, position): only an engine's own step moves its clock
-        # while it is busy, and only a step (done) or an arrival (busy) changes idleness.
+        # while it is busy, and only a step (done, or stalled: requests wait but the
+        # policy admits none into an empty engine) or an arrival (busy) changes that.
         self._busy = [
             (engine.now, position)
             for position, engine in enumerate(self.engines)
@@ -141,7 +142,7 @@ class Fleet:
                 self.recorder.served_after_step(
                     engine.now, engine.name, engine.policy.served, _charged_tenants(plan)
                 )
-                if not engine.idle():
+                if not engine.idle() and not engine.stalled:
                     heapq.heappush(self._busy, (engine.now, position))
             if progress is not None:
                 progress(now)
@@ -168,7 +169,7 @@ class Fleet:
         )
         position = self._positions[worker]
         engine = self.engines[position]
-        was_idle = engine.idle()
+        was_idle = engine.idle() or engine.stalled
         if was_idle:
             engine.now = max(engine.now, trace_request.t)
         self.recorder.arrived(request, worker)

@@ -128,9 +128,47 @@ def test_main_writes_results_and_plots(tmp_path, monkeypatch):
     )
     assert reproduce.main(["--out", str(tmp_path), "--scale", "0.05"]) == 0
     text = (tmp_path / "results.md").read_text()
-    for heading in ("## 1. VTC", "## 2. VTC", "## 3. Weighted", "## 4. DLPM", "## 5. Four"):
+    for heading in (
+        "## 1. VTC",
+        "## 2. VTC",
+        "## 3. Weighted",
+        "## 4. DLPM",
+        "## 5. Four",
+        "## 6. Memory-safe",
+        "## 7. SLAI",
+    ):
         assert heading in text
     assert "893 (Table 5)" in text and "up to 9.55×" in text
-    for name in ("vtc-overload", "vtc-on-off", "vtc-weighted", "dlpm-single", "multi-worker"):
+    assert "−53 %" in text and "≈ 3 (§6)" in text
+    names = (
+        "vtc-overload",
+        "vtc-on-off",
+        "vtc-weighted",
+        "dlpm-single",
+        "multi-worker",
+        "memory-safe",
+        "slai",
+    )
+    for name in names:
         image = tmp_path / "img" / f"results-{name}.png"
         assert image.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_safe_admission_keeps_within_memory_and_beats_alpha_protection():
+    from fairpool.sim.reproduce_serving import memory_safe_vs_alpha
+
+    result = memory_safe_vs_alpha(scale=0.1)
+    high = result["high"]["rows"]
+    assert high[0]["policy"] == "mcsf" and high[0]["preemptions"] == 0
+    assert all(row["peak_memory"] <= row["memory"] for row in high)
+    assert all(row["finished"] == row["requests"] for row in high)
+
+
+def test_slai_starts_requests_sooner_than_sarathi_under_load():
+    from fairpool.sim.reproduce_serving import capacity, slai_vs_sarathi
+
+    result = slai_vs_sarathi(scale=0.2)
+    by = {(row["policy"], row["rate"]): row for row in result["rows"]}
+    assert by[("slai", 6.0)]["median_ttft"] < by[("sarathi", 6.0)]["median_ttft"]
+    rows = [{"policy": "x", "rate": r, "median_ttft": t} for r, t in ((1, 0.2), (2, 0.4), (3, 0.8))]
+    assert capacity(rows, "x") == 2.25

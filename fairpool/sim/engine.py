@@ -351,7 +351,8 @@ class SimEngine:
             self.listener.finished(self, completion)
 
     def _note_memory(self) -> None:
-        self.peak_memory = max(self.peak_memory, self.memory_used)
+        """Track the peak of what running requests hold (evictable cache excluded)."""
+        self.peak_memory = max(self.peak_memory, self.memory_in_use)
 
     def _report_eviction(self, tokens: Sequence[int], keep: int, owners: object) -> None:
         self._hits.clear()  # hits looked up earlier this step may have just been evicted

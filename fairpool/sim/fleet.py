@@ -10,7 +10,7 @@ and 3) and records what the metrics need.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ class FleetConfig:
     cost: CostModel = field(default_factory=CostModel)
     weights: TenantWeights = field(default_factory=TenantWeights)
     rpm_limit: int | None = None  # requests per minute per tenant, refused beyond it
+    policy_params: Mapping[str, Any] = field(default_factory=dict)  # e.g. alpha, beta
 
     def __post_init__(self) -> None:
         require_count("workers", self.workers, minimum=1)
@@ -85,7 +86,7 @@ class Fleet:
         self._sequence = 0
 
     def _policy(self) -> Any:
-        params: dict[str, Any] = {}
+        params: dict[str, Any] = dict(self.config.policy_params)
         if self.config.quantum is not None:
             if "quantum" not in policy_parameters(self.config.policy):
                 raise ConfigError(

@@ -66,7 +66,7 @@ class LocalPolicy(ABC):
         self.memory_safe = memory_safe
         self.predictor: OutputPredictor = predictor or predict_max_tokens
         self.served: dict[str, float] = defaultdict(float)
-        self._queues: dict[str, deque[Waiting]] = {}
+        self._queues: dict[str, deque[Waiting]] = {}  # tenants with a waiting request
         self._waiting: dict[str, Waiting] = {}
         self._running: dict[str, Request] = {}
         self._running_per_tenant: dict[str, int] = defaultdict(int)
@@ -79,7 +79,7 @@ class LocalPolicy(ABC):
         if request.request_id in self._waiting or request.request_id in self._running:
             raise ConfigError("request_id", f"{request.request_id!r} is already queued or running")
         tenant = request.tenant
-        if not self._queues.get(tenant):
+        if tenant not in self._queues:
             self._on_join(tenant, idle=self._running_per_tenant[tenant] == 0)
         self._enqueue(Waiting(request, next(self._arrivals)), front=False)
 
@@ -163,7 +163,7 @@ class LocalPolicy(ABC):
         return len(self._running)
 
     def waiting_tenants(self) -> list[str]:
-        return [tenant for tenant, queue in self._queues.items() if queue]
+        return list(self._queues)
 
     def tenant_waiting(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ()))
@@ -177,7 +177,7 @@ class LocalPolicy(ABC):
         return running.union(self.waiting_tenants())
 
     def is_active(self, tenant: str) -> bool:
-        return bool(self._queues.get(tenant)) or self._running_per_tenant.get(tenant, 0) > 0
+        return tenant in self._queues or self._running_per_tenant.get(tenant, 0) > 0
 
     def tenant_state(self) -> dict[str, float]:
         """The per-tenant quantity the policy schedules by (counter, deficit); {} if none."""
@@ -203,7 +203,7 @@ class LocalPolicy(ABC):
 
     def _heads(self) -> Iterator[Waiting]:
         """The earliest waiting request of every tenant that has one."""
-        return (queue[0] for queue in self._queues.values() if queue)
+        return (queue[0] for queue in self._queues.values())
 
     def _best(self, entries: Iterator[Waiting], key: Callable[[Waiting], object]) -> Waiting | None:
         return min(entries, key=key, default=None)  # type: ignore[arg-type]
@@ -232,6 +232,7 @@ class LocalPolicy(ABC):
             queue.remove(entry)
         del self._waiting[entry.request.request_id]
         if not queue:
+            del self._queues[tenant]  # so that scans over waiting tenants skip idle ones
             self._on_leave(tenant)
 
     def _pop_running(self, request_id: str) -> Request:

@@ -32,7 +32,7 @@ Choices the paper leaves open (reference digest §B.7), made here:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import require_positive
@@ -40,6 +40,62 @@ from fairpool.sched.policies.dlpm import refills_to_credit
 from fairpool.sched.routers.base import DEFAULT_TREE_TOKENS, PrefixRouter, RouteRequest
 
 DEFAULT_WORKER_QUANTUM = 8192.0
+
+
+class WorkerDeficits(Mapping[str, float]):
+    """One tenant's q[i,w] over the pool's workers.
+
+    Every worker starts at 0 and gets the same refills, so the workers the tenant was
+    never charged on all hold one value (`uncharged`); only the others are stored, and a
+    tenant costs memory per worker it used rather than per worker in the pool. Each
+    worker's value still goes through the same float operations as in a full table.
+    """
+
+    def __init__(self, pool: Collection[str]) -> None:
+        self.pool = pool  # the router's workers; `charged` holds only workers in it
+        self.uncharged = 0.0
+        self.charged: dict[str, float] = {}
+
+    def __getitem__(self, worker: str) -> float:
+        return self.charged.get(worker, self.uncharged)
+
+    def __contains__(self, worker: object) -> bool:
+        return worker in self.pool
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.pool)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def credited(self) -> list[str]:
+        """The workers where the tenant has credit, in pool order."""
+        charged, uncharged = self.charged, self.uncharged
+        return [worker for worker in self.pool if charged.get(worker, uncharged) > 0]
+
+    def levels(self) -> list[float]:
+        """The distinct deficits held: each charged worker's, and the uncharged value
+        while some worker is uncharged."""
+        values = list(self.charged.values())
+        if len(self.charged) < len(self.pool):
+            values.append(self.uncharged)
+        return values
+
+    def charge(self, worker: str, service: float) -> None:
+        self.charged[worker] = self[worker] - service
+
+    def refill(self, amount: float) -> None:
+        """Add `amount` on every worker."""
+        self.uncharged += amount
+        for worker in self.charged:
+            self.charged[worker] += amount
+
+    def start(self, worker: str) -> None:
+        """A worker joins the pool at 0."""
+        self.charged[worker] = 0.0
+
+    def forget(self, worker: str) -> None:
+        self.charged.pop(worker, None)
 
 
 class D2LPM(PrefixRouter):
@@ -58,7 +114,7 @@ class D2LPM(PrefixRouter):
         self.worker_quantum = require_positive("worker_quantum", worker_quantum)
         self.cost = cost or CostModel()
         self.weights = weights or TenantWeights()
-        self.deficits: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.deficits: dict[str, WorkerDeficits] = defaultdict(lambda: WorkerDeficits(self.workers))
         self.refill_rounds = 0
         super().__init__(workers, max_tree_tokens)
 
@@ -68,20 +124,19 @@ class D2LPM(PrefixRouter):
     def available(self, tenant: str) -> list[str]:
         """G_avail: workers where `tenant` has credit, after refilling if it has none."""
         deficits = self.deficits[tenant]
-        available = [worker for worker in self.workers if deficits[worker] > 0]
+        available = deficits.credited()
         if not available:
             self._refill(tenant)
-            available = [worker for worker in self.workers if deficits[worker] > 0]
+            available = deficits.credited()
         return available
 
     def _refill(self, tenant: str) -> None:
         """Lines 5-6: add Q^w on every worker until some worker has credit."""
         deficits = self.deficits[tenant]
         quantum = self.tenant_quantum(tenant)
-        rounds = min(refills_to_credit(deficits[worker], quantum) for worker in self.workers)
+        rounds = min(refills_to_credit(deficit, quantum) for deficit in deficits.levels())
         self.refill_rounds += rounds
-        for worker in self.workers:
-            deficits[worker] += rounds * quantum
+        deficits.refill(rounds * quantum)
 
     def _choose(self, request: RouteRequest) -> str:
         _, holders = self._longest_match(request)  # first: it raises on a bad key
@@ -94,12 +149,19 @@ class D2LPM(PrefixRouter):
 
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
         super()._dispatched(request, worker_id)
-        self.deficits[request.tenant][worker_id] -= self.cost.service(request.input_tokens, 0)
+        self.deficits[request.tenant].charge(worker_id, self.cost.service(request.input_tokens, 0))
 
     def _completed(self, tenant: str, worker_id: str, output_tokens: int) -> None:
-        self.deficits[tenant][worker_id] -= self.cost.decode(output_tokens)
+        self.deficits[tenant].charge(worker_id, self.cost.decode(output_tokens))
+
+    def add_worker(self, worker_id: str) -> None:
+        joins = worker_id not in self.workers
+        super().add_worker(worker_id)
+        if joins:
+            for deficits in self.deficits.values():
+                deficits.start(worker_id)
 
     def remove_worker(self, worker_id: str) -> None:
         super().remove_worker(worker_id)
         for deficits in self.deficits.values():
-            deficits.pop(worker_id, None)
+            deficits.forget(worker_id)

@@ -512,6 +512,8 @@ class RadixTree:
             self._evict_until(lambda: not self._over_budget())
 
     def _evict_until(self, done: Any) -> int:
+        if self._locked_tokens == self._token_count:
+            return 0  # every node is locked: no need to pop every locked leaf to find out
         evicted = 0
         locked: list[tuple[int, int, _Node]] = []
         while not done() and self._leaf_heap:

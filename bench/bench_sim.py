@@ -124,14 +124,11 @@ def run_once(scenario: Scenario, progress: bool) -> dict[str, Any]:
     trace = generate(scenario.workload, duration=scenario.duration, seed=0, **scenario.params)
     trace_s = time.perf_counter() - started
     profile = get_profile(scenario.profile)
-    config = FleetConfig(
+    config = FleetConfig.from_profile(
+        profile,
         workers=scenario.workers,
         policy=scenario.policy,
         router=scenario.router,
-        memory_tokens=profile.memory_tokens,
-        token_budget=profile.token_budget,
-        step_time=profile.step_time,
-        admission=profile.admission,
         worker_quantum=scenario.worker_quantum,
     )
     fleet = Fleet(config)

@@ -23,6 +23,7 @@ from fairpool.sched.requests import Request
 from fairpool.sched.routers.base import RouteRequest
 from fairpool.sim.engine import Admission, Completion, SimEngine, StepTime
 from fairpool.sim.metrics import Recorder
+from fairpool.sim.profiles import Profile
 from fairpool.sim.trace import SegmentTokens, TraceRequest
 
 
@@ -46,6 +47,19 @@ class FleetConfig:
         require_count("workers", self.workers, minimum=1)
         require_count("memory_tokens", self.memory_tokens, minimum=1)
         require_count("token_budget", self.token_budget, minimum=1)
+
+    @classmethod
+    def from_profile(
+        cls, profile: Profile, memory_tokens: int | None = None, **settings: Any
+    ) -> FleetConfig:
+        """Engines as the profile describes them (memory, budget, step time, admission)."""
+        return cls(
+            memory_tokens=memory_tokens or profile.memory_tokens,
+            token_budget=profile.token_budget,
+            step_time=profile.step_time,
+            admission=profile.admission,
+            **settings,
+        )
 
 
 class Fleet:

@@ -111,14 +111,12 @@ def run_fleet(
     over the makespan); otherwise it stops at `duration`."""
     chosen = get_profile(profile)
     tenant_weights = TenantWeights(weights)
-    config = FleetConfig(
+    config = FleetConfig.from_profile(
+        chosen,
+        memory_tokens,
         workers=workers,
         policy=policy,
         router=router,
-        memory_tokens=memory_tokens or chosen.memory_tokens,
-        token_budget=chosen.token_budget,
-        step_time=chosen.step_time,
-        admission=chosen.admission,
         quantum=quantum,
         worker_quantum=worker_quantum,
         weights=tenant_weights,

@@ -70,15 +70,12 @@ def simulate(
         if options.tenants
         else TenantWeights()
     )
-    memory = options.memory_tokens or profile.memory_tokens
-    config = FleetConfig(
+    config = FleetConfig.from_profile(
+        profile,
+        options.memory_tokens,
         workers=options.workers,
         policy=options.policy,
         router=options.router,
-        memory_tokens=memory,
-        token_budget=profile.token_budget,
-        step_time=profile.step_time,
-        admission=profile.admission,
         quantum=options.quantum,
         worker_quantum=options.worker_quantum,
         weights=weights,
@@ -92,7 +89,7 @@ def simulate(
         options.router,
         options.workers,
         max((request.prompt_tokens for request in requests), default=0),
-        memory,
+        config.memory_tokens,
         config.cost,
         [weights[tenant] for tenant in tenants],
         options.quantum,

@@ -165,9 +165,12 @@ class Recorder:
         prompt = sum(c.request.prompt_tokens for c in finished)
         output = sum(c.output_tokens for c in finished)
         cached = sum(c.cached_tokens for c in finished)
+        by_tenant: dict[str, list[Completion]] = defaultdict(list)
+        for completion in finished:
+            by_tenant[completion.request.tenant].append(completion)
         tenants: dict[str, Any] = {}
         for name in sorted(self.tenants):
-            done = [c for c in finished if c.request.tenant == name]
+            done = by_tenant.get(name, [])
             ttfts = [c.first_token_at - c.request.arrival for c in done]
             latencies = [c.finished_at - c.request.arrival for c in done]
             gaps = [gap for c in done for gap in c.token_gaps]

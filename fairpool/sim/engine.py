@@ -22,6 +22,7 @@ prefill completes, and its generated tokens. Two admission disciplines:
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -77,7 +78,8 @@ class _Job:
     admitted_at: float | None = None
     first_token_at: float | None = None
     preemptions: int = 0
-    token_gaps: list[float] = field(default_factory=list)  # time between tokens (TBT)
+    # Time between tokens (TBT); one per output token, so doubles rather than float objects.
+    token_gaps: array[float] = field(default_factory=lambda: array("d"))
     last_token_at: float = 0.0
 
 
@@ -90,7 +92,7 @@ class Completion:
     first_token_at: float
     finished_at: float
     preemptions: int = 0
-    token_gaps: list[float] = field(default_factory=list)
+    token_gaps: array[float] = field(default_factory=lambda: array("d"))
 
 
 class EngineListener(Protocol):

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,10 @@ class Recorder:
         self.weights = weights
         self.tenants: dict[str, _Tenant] = defaultdict(_Tenant)
         self.backlog: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        # Cumulative service per tenant: parallel lists of times and values.
-        self.service_times: dict[str, list[float]] = defaultdict(list)
-        self.service_values: dict[str, list[float]] = defaultdict(list)
+        # Cumulative service per tenant: parallel arrays of times and values (a point per
+        # step that served the tenant, so doubles rather than float objects).
+        self.service_times: dict[str, array[float]] = defaultdict(lambda: array("d"))
+        self.service_values: dict[str, array[float]] = defaultdict(lambda: array("d"))
         self.completions: list[Completion] = []
         self.end = 0.0
         self.preemptions = 0
@@ -129,7 +131,7 @@ class Recorder:
     # ------------------------------------------------------------------ results
 
     def service_at(self, tenant: str, time: float) -> float:
-        times = self.service_times.get(tenant, [])
+        times: Sequence[float] = self.service_times.get(tenant, ())
         index = bisect.bisect_right(times, time)
         return self.service_values[tenant][index - 1] if index else 0.0
 
@@ -149,7 +151,7 @@ class Recorder:
         weight_f, weight_g = self.weights[first], self.weights[second]
         times = {start}
         for tenant in (first, second):
-            series = self.service_times.get(tenant, [])
+            series: Sequence[float] = self.service_times.get(tenant, ())
             low = bisect.bisect_right(series, start)
             high = bisect.bisect_right(series, end)
             times.update(series[low:high])

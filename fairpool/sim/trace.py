@@ -155,7 +155,7 @@ class SegmentTokens:
     unrelated segments do not share even a first token by chance.
     """
 
-    ID_BITS = 30  # ids in [0, 2^30)
+    ID_RANGE = 1 << 30
 
     def __init__(self, seed: int = 0) -> None:
         self._seed = seed
@@ -170,11 +170,11 @@ class SegmentTokens:
 
     def _segment(self, name: str | None, length: int) -> list[int]:
         if name is None:
-            draw = self._unique.getrandbits  # a few times faster than randrange
-            return [draw(self.ID_BITS) for _ in range(length)]
+            draw = self._unique.randrange
+            return [draw(self.ID_RANGE) for _ in range(length)]
         stream, made = self._named.get(name) or self._new_stream(name)
         while len(made) < length:
-            made.append(stream.getrandbits(self.ID_BITS))
+            made.append(stream.randrange(self.ID_RANGE))
         return made[:length]
 
     def _new_stream(self, name: str) -> tuple[random.Random, list[int]]:

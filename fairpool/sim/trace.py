@@ -173,8 +173,9 @@ class SegmentTokens:
             draw = self._unique.randrange
             return [draw(self.ID_RANGE) for _ in range(length)]
         stream, made = self._named.get(name) or self._new_stream(name)
-        while len(made) < length:
-            made.append(stream.randrange(self.ID_RANGE))
+        if len(made) < length:
+            draw = stream.randrange
+            made.extend([draw(self.ID_RANGE) for _ in range(length - len(made))])
         return made[:length]
 
     def _new_stream(self, name: str) -> tuple[random.Random, list[int]]:

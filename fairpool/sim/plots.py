@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from fairpool.sim.metrics import Recorder
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or a clear error without it."""
     try:
         import matplotlib
 
@@ -24,13 +25,22 @@ def _pyplot() -> Any:
     return plt
 
 
+def save(figure: Any, path: str | Path) -> Path:
+    """Lay out, write as PNG, and release a figure."""
+    figure.tight_layout()
+    output = Path(path)
+    figure.savefig(output, dpi=110)
+    pyplot().close(figure)
+    return output
+
+
 def plot_service_over_time(results: Sequence[RunResult], path: str | Path) -> Path:
     """Cumulative service per tenant over time: one panel per scenario and policy.
 
     Parallel curves mean equal shares (as in the VTC paper's Fig. 3); a widening gap
     means one tenant is taking more than the other.
     """
-    plt = _pyplot()
+    plt = pyplot()
     scenarios = list(dict.fromkeys(result.scenario for result in results))
     policies = list(dict.fromkeys(result.policy for result in results))
     figure, axes = plt.subplots(
@@ -55,16 +65,12 @@ def plot_service_over_time(results: Sequence[RunResult], path: str | Path) -> Pa
             axis.set_xlabel("time (s)")
     axes[0][0].legend(fontsize=8)
     figure.suptitle("Cumulative service per tenant (1·extend + 2·output tokens)")
-    figure.tight_layout()
-    output = Path(path)
-    figure.savefig(output, dpi=110)
-    plt.close(figure)
-    return output
+    return save(figure, path)
 
 
 def plot_fleet_run(recorder: Recorder, path: str | Path, title: str) -> Path:
     """Two panels: cumulative service per tenant over time, and latency CDFs per tenant."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, (service_axis, latency_axis) = plt.subplots(1, 2, figsize=(11, 4))
     for tenant in sorted(recorder.service_times):
         weight = recorder.weights[tenant]
@@ -91,8 +97,4 @@ def plot_fleet_run(recorder: Recorder, path: str | Path, title: str) -> Path:
     if len(recorder.tenants) <= 12:
         service_axis.legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    output = Path(path)
-    figure.savefig(output, dpi=110)
-    plt.close(figure)
-    return output
+    return save(figure, path)

@@ -35,6 +35,7 @@ from fairpool.sched.cost import TenantWeights
 from fairpool.sched.policies.dlpm import DEFAULT_QUANTUM as DLPM_DEFAULT_QUANTUM
 from fairpool.sim.fleet import Fleet, FleetConfig
 from fairpool.sim.metrics import Recorder, fairness_bound, jain_index, percentile
+from fairpool.sim.plots import pyplot, save
 from fairpool.sim.profiles import get_profile
 from fairpool.sim.reproduce_serving import (
     KV_SCHEMES,
@@ -545,25 +546,13 @@ def multi_worker(
 # --------------------------------------------------------------------------- plots
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(figure: Any, path: Path) -> Path:
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    _pyplot().close(figure)
-    _log(f"wrote {path}")
+    _log(f"wrote {save(figure, path)}")
     return path
 
 
 def plot_vtc_overload(data: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     times = data["times"]
     for policy, style in (("fcfs", "--"), ("vtc", "-")):
@@ -586,7 +575,7 @@ def plot_vtc_overload(data: dict[str, Any], path: Path) -> Path:
 
 
 def plot_vtc_on_off(data: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(1, len(data), figsize=(5.5 * len(data), 4), squeeze=False)
     titles = {"vtc_on_off": "VTC Fig. 5", "vtc_on_off_overload": "VTC Fig. 6"}
     for axis, (workload, result) in zip(axes[0], data.items(), strict=True):
@@ -608,7 +597,7 @@ def plot_vtc_on_off(data: dict[str, Any], path: Path) -> Path:
 
 
 def plot_vtc_weighted(data: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for tenant, values in data["weighted"]["curves"].items():
         weight = data["weights"][tenant]
@@ -655,7 +644,7 @@ def _color(row: Mapping[str, Any]) -> str:
 def plot_dlpm(data: dict[str, Any], path: Path, title: str) -> Path:
     """Per workload: throughput against Jain (Fig. 1's Pareto view; a DLPM Q^u sweep is
     joined by a line), and the well-behaved clients' latency."""
-    plt = _pyplot()
+    plt = pyplot()
     columns = len(data)
     figure, axes = plt.subplots(2, columns, figsize=(7 * columns, 9), squeeze=False)
     markers = ["o", "s", "^", "D"]
@@ -1371,8 +1360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["memory_safe"] = memory_safe_vs_alpha(scale)
     _log("7/7 SLAI vs Sarathi-Serve")
     results["slai"] = slai_vs_sarathi(scale)
-    plot_memory_safe(results["memory_safe"], images / "results-memory-safe.png", _pyplot())
-    plot_slai(results["slai"], images / "results-slai.png", _pyplot())
+    _log(f"wrote {plot_memory_safe(results['memory_safe'], images / 'results-memory-safe.png')}")
+    _log(f"wrote {plot_slai(results['slai'], images / 'results-slai.png')}")
     plot_vtc_overload(results["vtc_overload"], images / "results-vtc-overload.png")
     plot_vtc_on_off(results["vtc_on_off"], images / "results-vtc-on-off.png")
     plot_vtc_weighted(results["vtc_weighted"], images / "results-vtc-weighted.png")

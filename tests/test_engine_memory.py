@@ -132,3 +132,55 @@ def test_a_policy_that_refuses_an_empty_engine_stalls_instead_of_spinning():
     summary = fleet.run(trace).summary()
     assert fleet.engines[0].stalled
     assert summary["tenants"]["a"]["finished"] == 0  # FCFS head-of-line blocks the small one
+
+
+@settings(max_examples=25)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("ab"), st.integers(1, 120), st.integers(1, 150)),
+        min_size=1,
+        max_size=20,
+    ),
+    st.sampled_from([1, 4, 16]),
+    st.sampled_from(["paged", "reserve"]),
+)
+def test_block_allocation_stays_within_memory_and_drains(specs, block_size, admission):
+    engine = SimEngine(
+        make_policy("fcfs"),
+        memory_tokens=800,
+        token_budget=256,
+        admission=admission,
+        block_size=block_size,
+    )
+    serve(engine, specs)
+    assert len(engine.completions) == len(specs)
+    assert engine.memory_in_use == 0
+    assert engine.memory_used % block_size == 0  # only whole blocks stay cached
+
+
+def test_private_tokens_occupy_whole_blocks():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=1000, block_size=16)
+    engine.submit(Request("r", "a", 40, 3), unique_tokens(0, 40), 3)
+    engine.step()  # prefill: 32 tokens (2 full blocks) cached, 8 in a private block
+    assert len(engine.cache) == 32
+    assert engine.memory_in_use == 32 + 16
+
+
+def test_prefix_hits_count_whole_blocks_only():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=1000, block_size=16)
+    shared = unique_tokens(0, 40)
+    engine.submit(Request("first", "a", 40, 1), shared, 1)
+    engine.step()
+    follow_up = Request("second", "a", 45, 1)
+    engine.submit(follow_up, shared + unique_tokens(1, 5), 1)
+    assert engine.cached_tokens(follow_up) == 32  # 40 shared tokens, 2 full blocks
+
+
+def test_a_full_block_aligned_prompt_recomputes_its_last_block():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=1000, block_size=16)
+    prompt = unique_tokens(0, 32)
+    engine.submit(Request("first", "a", 32, 1), prompt, 1)
+    engine.step()
+    again = Request("again", "a", 32, 1)
+    engine.submit(again, prompt, 1)
+    assert engine.cached_tokens(again) == 16

@@ -130,6 +130,22 @@ class LocalPolicy(ABC):
     def finish(self, request_id: str) -> None:
         self._pop_running(request_id)
 
+    def take_over(self, previous: LocalPolicy) -> None:
+        """Continue from `previous` (a configuration change in a live engine): its running
+        requests, its waiting ones in their order (those already paid for stay paid), and
+        the service each tenant received. Scheduling state (counters, deficits) starts
+        afresh, as for tenants that just joined."""
+        if self._waiting or self._running:
+            raise ConfigError("policy", "can only take over from another policy when empty")
+        for tenant, service in previous.served.items():
+            self.served[tenant] += service
+        for request in previous._running.values():
+            self._running[request.request_id] = request
+            self._running_per_tenant[request.tenant] += 1
+        for entry in sorted(previous.waiting(), key=fcfs_key):
+            self.add(entry.request)
+            self._waiting[entry.request.request_id].charged = entry.charged
+
     # ------------------------------------------------------------------ preemption
 
     #: Preempt every request `preemption_order` names, even once memory suffices.

@@ -18,6 +18,11 @@ prefill completes, and its generated tokens. Two admission disciplines:
   is told (`preempt`) and does not charge the tenant twice.
 - `reserve` (S-LoRA, the VTC artifact): admission reserves room for `max_tokens` of
   output as well, so nothing is ever preempted.
+
+KV is allocated in blocks of `block_size` tokens (vLLM: 16; S-LoRA's unified paging:
+1). A request's private tokens occupy whole blocks, only full prompt blocks enter the
+prefix cache, and a prefix hit counts whole blocks only — so a hit never covers a
+partial last block, exactly as vLLM's hash-per-full-block cache behaves.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Job:
     running: Running | None = None
     private: int = 0  # KV tokens held outside the prefix cache
     reserved: int = 0  # room kept for outputs still to come (reserve mode)
+    footprint: int = 0  # private + reserved, rounded up to whole blocks
     cached: int = 0  # prompt tokens served from the cache at the latest admission
     lock: LockHandle | None = None
     admitted_at: float | None = None
@@ -116,6 +122,7 @@ class SimEngine:
     token_budget: int = 2048
     step_time: StepTime = field(default_factory=StepTime)
     admission: Admission = "paged"
+    block_size: int = 1
     now: float = 0.0
     name: str = "engine"
     listener: EngineListener | None = None
@@ -123,6 +130,7 @@ class SimEngine:
     def __post_init__(self) -> None:
         require_count("memory_tokens", self.memory_tokens, minimum=1)
         require_count("token_budget", self.token_budget, minimum=1)
+        require_count("block_size", self.block_size, minimum=1)
         if self.admission not in ("paged", "reserve"):
             raise ConfigError("admission", f"must be 'paged' or 'reserve', got {self.admission!r}")
         self.cache = RadixTree(on_evict=self._report_eviction)
@@ -136,7 +144,7 @@ class SimEngine:
         self.peak_memory = 0
         self._jobs: dict[str, _Job] = {}
         self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
-        self._held = 0  # Σ private + reserved over running jobs
+        self._held = 0  # Σ footprint over running jobs
         self._decode_room = 0  # tokens set aside for this step's decodes (paged)
         self._stalled = False
 
@@ -167,6 +175,7 @@ class SimEngine:
             tokens = self._jobs[request.request_id].tokens
             # The last prompt token is always recomputed, as in vLLM, for the first output.
             hit = min(self.cache.match_length(tokens), max(request.prompt_tokens - 1, 0))
+            hit -= hit % self.block_size
             self._hits[request.request_id] = hit
         return hit
 
@@ -179,11 +188,12 @@ class SimEngine:
                 "tokens", f"has {len(tokens)} ids, but prompt_tokens is {request.prompt_tokens}"
             )
         require_count("output_tokens", output_tokens, minimum=1)
-        if request.prompt_tokens + request.max_tokens > self.memory_tokens:
+        if self.blocks_for(request.prompt_tokens + request.max_tokens) > self.memory_tokens:
             raise ConfigError(
                 "max_tokens",
                 f"prompt + max_tokens = {request.prompt_tokens + request.max_tokens} exceeds "
-                f"the engine's memory of {self.memory_tokens} tokens",
+                f"the engine's memory of {self.memory_tokens} tokens "
+                f"(in blocks of {self.block_size})",
             )
         target = min(output_tokens, request.max_tokens)
         self._jobs[request.request_id] = _Job(request, tokens, target)
@@ -198,7 +208,7 @@ class SimEngine:
         reserved = request.max_tokens - job.output_done if self.admission == "reserve" else 0
         # Lock the hit first, so that making room cannot evict the prefix being reused.
         lock = self.cache.lock(job.tokens[:cached_tokens]) if cached_tokens else None
-        if not self._room_in_cache(private + reserved):
+        if not self._room_in_cache(self.blocks_for(private + reserved)):
             if lock is not None:
                 self.cache.unlock(lock)
             return None
@@ -209,8 +219,7 @@ class SimEngine:
             last_step_end=self.now,
         )
         job.running, job.lock, job.cached = running, lock, cached_tokens
-        job.private, job.reserved = private, reserved
-        self._held += private + reserved
+        self._hold(job, private, reserved)
         if job.admitted_at is None:
             job.admitted_at = self.now
         self.running.append(running)
@@ -236,7 +245,9 @@ class SimEngine:
         """Run one iteration; advances `now` by its duration (by nothing if idle)."""
         self._hits.clear()
         if self.admission == "paged":
-            self._decode_room = sum(1 for running in self.running if running.decoding)
+            self._decode_room = sum(
+                self._decode_growth(running) for running in self.running if running.decoding
+            )
             self._make_room()
         plan = form_batch(self.policy, self, self.token_budget)
         self._decode_room = 0  # what the plan does not decode is not needed this step
@@ -255,6 +266,21 @@ class SimEngine:
                 self._prefill_done(running)
         self._note_memory()
         return plan
+
+    def blocks_for(self, tokens: int) -> int:
+        """KV tokens that `tokens` occupy: whole blocks."""
+        return -(-tokens // self.block_size) * self.block_size
+
+    def _hold(self, job: _Job, private: int, reserved: int) -> None:
+        job.private, job.reserved = private, reserved
+        footprint = self.blocks_for(private + reserved)
+        self._held += footprint - job.footprint
+        job.footprint = footprint
+
+    def _decode_growth(self, running: Running) -> int:
+        """Room the next decode of `running` needs: a new block when its last is full."""
+        job = self._jobs[running.request_id]
+        return self.blocks_for(job.private + 1) - job.footprint
 
     def _room_in_cache(self, tokens: int) -> bool:
         """Is there room for `tokens` more (beyond this step's decodes), after evicting
@@ -276,7 +302,7 @@ class SimEngine:
     def _preempt(self, running: Running) -> None:
         job = self._jobs[running.request_id]
         if running.decoding:
-            self._decode_room -= 1
+            self._decode_room -= self._decode_growth(running)
         self._release(job)
         self.running.remove(running)
         job.running = None
@@ -287,22 +313,23 @@ class SimEngine:
             self.listener.preempted(self, running.request)
 
     def _release(self, job: _Job) -> None:
-        self._held -= job.private + job.reserved
-        job.private = job.reserved = 0
+        self._hold(job, 0, 0)
         if job.lock is not None:
             self.cache.unlock(job.lock)
             job.lock = None
 
     def _prefill_done(self, running: Running) -> None:
         job = self._jobs[running.request_id]
-        # The prompt's KV moves into the shared cache; generated tokens stay private.
-        prompt_part = running.request.prompt_tokens - job.cached
-        job.private -= prompt_part
-        self._held -= prompt_part
-        self.cache.insert(job.tokens, CACHE_OWNER)
+        # The prompt's full blocks move into the shared cache; the partial last block and
+        # generated tokens stay private.
+        prompt = running.request.prompt_tokens
+        shared = prompt - prompt % self.block_size
+        self._hold(job, job.private - (shared - job.cached), job.reserved)
+        if shared:
+            self.cache.insert(job.tokens[:shared], CACHE_OWNER)
         if job.lock is not None:
             self.cache.unlock(job.lock)
-        job.lock = self.cache.lock(job.tokens)
+        job.lock = self.cache.lock(job.tokens[:shared]) if shared else None
         self._emit(running, grows=False)  # a prefill (or a recompute) yields the next token
 
     def _emit(self, running: Running, grows: bool) -> None:
@@ -321,11 +348,10 @@ class SimEngine:
             job.token_gaps.append(now - job.last_token_at)
         job.last_token_at = running.last_step_end = now
         if self.admission == "reserve":
-            job.private += 1
-            job.reserved -= 1  # reserved room becomes used room: memory use is unchanged
+            # Reserved room becomes used room: memory use is unchanged.
+            self._hold(job, job.private + 1, job.reserved - 1)
         elif grows:
-            job.private += 1
-            self._held += 1
+            self._hold(job, job.private + 1, 0)
         self.policy.record_output(request_id, 1)
         if running.output_tokens >= job.output_target:
             self._finish(job)

@@ -36,6 +36,7 @@ class FleetConfig:
     token_budget: int = 2048
     step_time: StepTime = field(default_factory=StepTime)
     admission: Admission = "paged"
+    block_size: int = 1
     quantum: float | None = None
     worker_quantum: float | None = None
     cost: CostModel = field(default_factory=CostModel)
@@ -47,17 +48,24 @@ class FleetConfig:
         require_count("workers", self.workers, minimum=1)
         require_count("memory_tokens", self.memory_tokens, minimum=1)
         require_count("token_budget", self.token_budget, minimum=1)
+        require_count("block_size", self.block_size, minimum=1)
 
     @classmethod
     def from_profile(
-        cls, profile: Profile, memory_tokens: int | None = None, **settings: Any
+        cls,
+        profile: Profile,
+        memory_tokens: int | None = None,
+        block_size: int | None = None,
+        **settings: Any,
     ) -> FleetConfig:
-        """Engines as the profile describes them (memory, budget, step time, admission)."""
+        """Engines as the profile describes them (memory, budget, step time, admission,
+        KV block size)."""
         return cls(
             memory_tokens=memory_tokens or profile.memory_tokens,
             token_budget=profile.token_budget,
             step_time=profile.step_time,
             admission=profile.admission,
+            block_size=block_size or profile.block_size,
             **settings,
         )
 
@@ -76,6 +84,7 @@ class Fleet:
                 token_budget=config.token_budget,
                 step_time=config.step_time,
                 admission=config.admission,
+                block_size=config.block_size,
                 name=f"w{index}",
                 listener=self,
             )
@@ -198,12 +207,14 @@ class Fleet:
             self.router.complete(request_id, output_tokens)
 
     def _check_fits(self, trace: Sequence[TraceRequest]) -> None:
+        blocks_for = self.engines[0].blocks_for
         for index, request in enumerate(trace):
-            if request.prompt_tokens + request.max_tokens > self.config.memory_tokens:
+            if blocks_for(request.prompt_tokens + request.max_tokens) > self.config.memory_tokens:
                 raise ConfigError(
                     f"request {index}",
                     f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) "
-                    f"exceeds --memory-tokens ({self.config.memory_tokens})",
+                    f"exceeds --memory-tokens ({self.config.memory_tokens}) "
+                    f"in blocks of {self.config.block_size}",
                 )
 
     # ------------------------------------------------------------------ EngineListener

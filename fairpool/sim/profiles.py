@@ -1,5 +1,8 @@
 """Named engine profiles: KV memory, token budget and iteration-time coefficients.
 
+Paged profiles allocate KV in vLLM's 16-token blocks; the two papers' set-ups that count
+memory per token (S-LoRA's unified paging, seed 002's model) use blocks of one token.
+
 Step time = base + per_prefill_token·prefill tokens + per_decode·decoding sequences
 + per_context_token·KV tokens those sequences read. The coefficients are first-principles
 estimates from each model's size and each GPU's memory bandwidth and compute, not
@@ -26,6 +29,7 @@ class Profile:
     token_budget: int
     step_time: StepTime
     admission: Admission = "paged"
+    block_size: int = 16  # vLLM's default KV block
 
 
 PROFILES: dict[str, Profile] = {
@@ -47,11 +51,13 @@ PROFILES: dict[str, Profile] = {
                 per_context_token=8.7e-7,
             ),
             admission="reserve",
+            block_size=1,  # S-LoRA's unified paging is token-granular
         ),
         Profile(
             "llama2-70b-2xa100",
             "Llama-2-70B, tensor-parallel on two A100-80GB, seed 002's set-up (KV limit "
-            "M = 16,492 tokens). 70 GB of weights per GPU at 2 TB/s is 35 ms; prefill "
+            "M = 16,492 tokens, counted per token as the paper's model does). 70 GB of "
+            "weights per GPU at 2 TB/s is 35 ms; prefill "
             "140 GFLOP/token over 2×312 TFLOPS at 50 %; 320 KB of KV per token (GQA) "
             "split over two GPUs.",
             memory_tokens=16_492,
@@ -62,6 +68,7 @@ PROFILES: dict[str, Profile] = {
                 per_decode=0.0001,
                 per_context_token=8.2e-8,
             ),
+            block_size=1,
         ),
         Profile(
             "mistral-7b-rtx6000",

@@ -31,6 +31,7 @@ class SimOptions:
     router: str = "d2lpm"
     profile: str = "llama2-7b-a10g"
     memory_tokens: int | None = None
+    block_size: int | None = None
     quantum: float | None = None
     worker_quantum: float | None = None
     tenants: str | None = None
@@ -73,6 +74,7 @@ def simulate(
     config = FleetConfig.from_profile(
         profile,
         options.memory_tokens,
+        options.block_size,
         workers=options.workers,
         policy=options.policy,
         router=options.router,

@@ -1,0 +1,164 @@
+"""The engine's scheduler configuration: the file the operator renders into a ConfigMap and
+both engines (the vLLM plugin and `fairpool engine-sim`) read.
+
+```yaml
+policy: dlpm            # any name `fairpool policies` lists, e.g. vtc, fcfs, lpm, dlpm+memsafe
+memorySafe: false       # add memory-safe admission (seed 002) to the policy's order
+quantum: 2048           # DLPM's Q, in service units (dlpm only)
+cost: {extendWeight: 1, outputWeight: 2}
+defaultWeight: 1        # tenants not listed below
+tenants: {acme: 2, globex: 1}
+```
+
+Every field is optional. Requests carry their tenant in the OpenAI request body as
+`"vllm_xargs": {"fairpool_tenant": "acme"}` (vLLM copies `vllm_xargs` into
+`SamplingParams.extra_args`); requests without it belong to the tenant `default`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.errors import ConfigError
+from fairpool.sched.policy import LocalPolicy
+from fairpool.sched.registry import MEMORY_SAFE_SUFFIX, make_policy, policy_parameters
+
+#: Environment variable holding the path of the scheduler configuration file.
+CONFIG_ENV = "FAIRPOOL_SCHEDULER_CONFIG"
+#: The key in `vllm_xargs` / `SamplingParams.extra_args` that names the tenant.
+TENANT_XARG = "fairpool_tenant"
+#: Every key of ours in `vllm_xargs` starts with this; unknown ones are refused.
+XARG_PREFIX = "fairpool_"
+DEFAULT_TENANT = "default"
+
+
+class CostWeights(BaseModel):
+    """Service = extendWeight · uncached prompt tokens + outputWeight · output tokens."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    extend_weight: float = Field(default=1.0, ge=0, alias="extendWeight")
+    output_weight: float = Field(default=2.0, ge=0, alias="outputWeight")
+
+    def model(self) -> CostModel:
+        return CostModel(self.extend_weight, self.output_weight)
+
+
+class SchedulerConfig(BaseModel):
+    """What an engine's fair scheduler runs: policy, its parameters, costs and weights."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    policy: str = "dlpm"
+    memory_safe: bool = Field(default=False, alias="memorySafe")
+    quantum: float | None = Field(default=None, gt=0)
+    cost: CostWeights = Field(default_factory=CostWeights)
+    default_weight: float = Field(default=1.0, gt=0, alias="defaultWeight")
+    tenants: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        try:
+            policy_parameters(name)
+        except ConfigError as error:
+            raise ValueError(error.problem) from None
+        return name
+
+    @field_validator("tenants")
+    @classmethod
+    def _positive_weights(cls, tenants: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in tenants.items():
+            if not tenant:
+                raise ValueError("tenant names must be non-empty")
+            if not weight > 0:
+                raise ValueError(f"weight of {tenant!r} must be > 0, got {weight}")
+        return tenants
+
+    @property
+    def policy_name(self) -> str:
+        """The registry name, with `+memsafe` when memory-safe admission is on."""
+        if self.memory_safe and not self.policy.endswith(MEMORY_SAFE_SUFFIX):
+            return self.policy + MEMORY_SAFE_SUFFIX
+        return self.policy
+
+    def weights(self) -> TenantWeights:
+        return TenantWeights(self.tenants, default=self.default_weight)
+
+    def make_policy(self) -> LocalPolicy:
+        params: dict[str, Any] = {}
+        if self.quantum is not None:
+            params["quantum"] = self.quantum
+        try:
+            return make_policy(
+                self.policy_name, cost=self.cost.model(), weights=self.weights(), **params
+            )
+        except ConfigError as error:
+            raise ConfigError(f"scheduler config: {error.parameter}", error.problem) from None
+
+    def same_policy(self, other: SchedulerConfig) -> bool:
+        """True when only tenant weights differ: the running policy can keep its state."""
+        return (self.policy_name, self.quantum, self.cost) == (
+            other.policy_name,
+            other.quantum,
+            other.cost,
+        )
+
+
+def parse_scheduler_config(data: object, source: str = "scheduler config") -> SchedulerConfig:
+    """Validate a parsed document; errors name the source and the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, "must be a mapping")
+    try:
+        config = SchedulerConfig.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "document"
+        raise ConfigError(f"{source}: {field}", first["msg"]) from None
+    config.make_policy()  # parameters the policy refuses (quantum for vtc) fail here
+    return config
+
+
+def load_scheduler_config(path: str | Path) -> SchedulerConfig:
+    """Read and validate a scheduler configuration file (YAML or JSON)."""
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as error:
+        raise ConfigError(str(source), f"cannot read: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(str(source), f"not valid YAML: {error}") from None
+    return parse_scheduler_config(data, source.name)
+
+
+def tenant_of(extra_args: object) -> str:
+    """The tenant a request's `vllm_xargs` names (the default tenant if none)."""
+    if isinstance(extra_args, dict):
+        tenant = extra_args.get(TENANT_XARG)
+        if isinstance(tenant, str) and tenant:
+            return tenant
+    return DEFAULT_TENANT
+
+
+def check_xargs(xargs: object) -> None:
+    """Refuse `vllm_xargs` of ours that are unknown or malformed; others are vLLM's."""
+    if xargs is None:
+        return
+    if not isinstance(xargs, dict):
+        raise ConfigError("vllm_xargs", f"must be an object, got {type(xargs).__name__}")
+    for key, value in xargs.items():
+        if not isinstance(key, str) or not key.startswith(XARG_PREFIX):
+            continue
+        if key != TENANT_XARG:
+            raise ConfigError(f"vllm_xargs.{key}", f"unknown key; fairpool reads {TENANT_XARG}")
+        if not isinstance(value, str) or not value or len(value) > 253:
+            raise ConfigError(
+                f"vllm_xargs.{key}", f"must be a tenant name of 1-253 characters, got {value!r}"
+            )

@@ -73,3 +73,59 @@ def test_demo_dlpm_keeps_locality_that_vtc_loses():
 def test_jain_index_bounds():
     assert jain_index([1, 1, 1]) == pytest.approx(1)
     assert jain_index([1, 0, 0]) == pytest.approx(1 / 3)
+
+
+def test_abort_a_waiting_request_leaves_the_queue():
+    engine = SimEngine(make_policy("vtc"), memory_tokens=1000)
+    engine.submit(Request("big", "a", 900, 10), list(range(900)), 10)
+    engine.submit(Request("queued", "b", 200, 10), list(range(1000, 1200)), 10)
+    engine.step()  # "big" runs; "queued" does not fit yet
+    assert engine.policy.waiting_count == 1
+    assert engine.abort("queued")
+    assert engine.policy.waiting_count == 0
+    assert engine.policy.tenant_waiting("b") == 0
+    run_until_idle(engine)
+    assert [c.request.request_id for c in engine.completions] == ["big"]
+
+
+def test_abort_a_running_request_releases_its_memory_and_keeps_its_charge():
+    engine = SimEngine(make_policy("dlpm"), memory_tokens=2000, block_size=16)
+    engine.submit(Request("gone", "a", 100, 50), list(range(100)), 50)
+    engine.submit(Request("stays", "b", 100, 50), list(range(500, 600)), 50)
+    for _ in range(5):
+        engine.step()
+    charged = engine.policy.served["a"]
+    assert charged > 0
+    assert engine.abort("gone")
+    assert [r.request_id for r in engine.running] == ["stays"]
+    assert not engine.policy.is_active("a")
+    assert engine.policy.served["a"] == charged
+    run_until_idle(engine)
+    assert engine.memory_in_use == 0 and engine.cache.locked_tokens == 0
+    assert engine.policy.running_count == 0 and engine.policy.waiting_count == 0
+    assert [c.request.request_id for c in engine.completions] == ["stays"]
+
+
+def test_abort_of_an_unknown_or_finished_request_is_a_no_op():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=1000)
+    assert not engine.abort("never")
+    engine.submit(Request("done", "a", 10, 2), list(range(10)), 2)
+    run_until_idle(engine)
+    assert not engine.abort("done")
+    assert engine.idle()
+
+
+def test_abort_a_preempted_request():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=300)
+    for index in range(3):
+        tokens = [index * 1000 + i for i in range(90)]
+        engine.submit(Request(f"r{index}", "a", 90, 100), tokens, 100)
+    while engine.preemptions == 0:
+        engine.step()
+    waiting = [entry.request.request_id for entry in engine.policy.waiting()]
+    assert waiting
+    for request_id in waiting:
+        assert engine.abort(request_id)
+    run_until_idle(engine)
+    assert engine.memory_in_use == 0 and engine.policy.waiting_count == 0
+    assert len(engine.completions) == 3 - len(waiting)

@@ -200,6 +200,22 @@ class SimEngine:
         self.policy.add(request)
         self._stalled = False
 
+    def abort(self, request_id: str) -> bool:
+        """Drop a request (its client went away): a waiting one leaves the policy's queue,
+        a running one releases its KV memory and is finished in the policy, keeping what
+        it was charged. Prefixes it already put in the cache stay there, unlocked. False
+        if the engine does not know the request (never submitted, or already finished)."""
+        job = self._jobs.pop(request_id, None)
+        if job is None:
+            return False
+        if job.running is not None:
+            self._release(job)
+            self.running.remove(job.running)
+        self.policy.remove(request_id)
+        self._hits.pop(request_id, None)
+        self._stalled = False  # the head of the queue may have changed
+        return True
+
     def try_admit(self, request: Request, cached_tokens: int) -> Running | None:
         job = self._jobs[request.request_id]
         # After a preemption the generated tokens are recomputed along with the prompt.

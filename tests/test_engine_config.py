@@ -145,6 +145,21 @@ def test_a_bad_config_at_start_is_refused(tmp_path):
         LiveScheduler(path)
 
 
+def test_a_policy_override_holds_across_reloads(tmp_path):
+    path = tmp_path / "scheduler.yaml"
+    write(path, "policy: dlpm\ntenants: {a: 1}\n")
+    clock = FakeClock()
+    live = LiveScheduler(path, clock=clock, policy_override="vtc")
+    assert live.config.policy == "vtc" and live.config.tenants == {"a": 1}
+    write(path, "policy: fcfs\ntenants: {a: 3}\n")
+    clock.now += 2
+    assert live.maybe_reload()
+    assert live.policy.name == "vtc" and live.policy.weights["a"] == 3
+    assert LiveScheduler(policy_override="lpm").policy.name == "lpm"
+    with pytest.raises(ConfigError, match="--policy"):
+        LiveScheduler(policy_override="nonsense")
+
+
 def test_tenant_metrics_follow_the_policy():
     registry = CollectorRegistry()
     clock = FakeClock()

@@ -4,7 +4,8 @@ The operator mounts the file from a ConfigMap; Kubernetes swaps the file atomica
 the ConfigMap changes, so a changed (mtime, size, inode) is a new version. A version that
 fails to validate is logged and ignored: the engine keeps the last good configuration.
 A change of tenant weights keeps the policy's state; any other change builds the new
-policy and hands it the waiting and running requests (`LocalPolicy.take_over`).
+policy and hands it the waiting and running requests (`LocalPolicy.take_over`). A policy
+given on the command line (`policy_override`) replaces the file's in every version.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fairpool.api.scheduler_config import (
     CONFIG_ENV,
     SchedulerConfig,
     load_scheduler_config,
+    parse_scheduler_config,
 )
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policy import LocalPolicy
@@ -37,13 +39,15 @@ class LiveScheduler:
         path: str | Path | None = None,
         check_interval: float = CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        policy_override: str | None = None,
     ) -> None:
         self.path = Path(path) if path else None
         self.check_interval = check_interval
+        self.policy_override = policy_override
         self._clock = clock
         # A bad file at start is fatal (ConfigError names the field): better than serving
         # with a configuration nobody asked for.
-        self.config = load_scheduler_config(self.path) if self.path else SchedulerConfig()
+        self.config = self._load()
         self.policy: LocalPolicy = self.config.make_policy()
         self.reloads = {"applied": 0, "rejected": 0}
         self.last_error: str | None = None
@@ -67,7 +71,7 @@ class LiveScheduler:
             return False
         self._stamp = stamp
         try:
-            config = load_scheduler_config(self.path)
+            config = self._load()
         except ConfigError as error:
             self.reloads["rejected"] += 1
             self.last_error = str(error)
@@ -91,6 +95,14 @@ class LiveScheduler:
             config.policy_name,
             len(config.tenants),
         )
+
+    def _load(self) -> SchedulerConfig:
+        config = load_scheduler_config(self.path) if self.path else SchedulerConfig()
+        if self.policy_override is None:
+            return config
+        document = config.model_dump(by_alias=True)
+        document["policy"] = self.policy_override
+        return parse_scheduler_config(document, "--policy")
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
         if self.path is None:

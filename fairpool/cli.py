@@ -21,7 +21,11 @@ from fairpool.sim.plots import plot_service_over_time
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "passes_unknown_options", False):
+        args.vllm_args = unknown  # `fairpool engine` hands what it does not know to vLLM
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         result: int = args.handler(args)
         return result
@@ -104,6 +108,20 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", metavar="FILE.png", help="plot service over time and latency")
     sim.add_argument("--write-trace", metavar="FILE", help="also save the requests as a trace")
     sim.set_defaults(handler=_sim)
+
+    engine = commands.add_parser(
+        "engine",
+        help="vLLM's OpenAI server with the fair scheduler (needs vLLM 0.32)",
+        description="Runs vLLM's `serve` with fairpool's scheduler, tenant checks and "
+        "per-tenant metrics wired in. Options after the model that fairpool does not know "
+        "go to vLLM (e.g. --port 8000 --max-model-len 4096).",
+    )
+    engine.add_argument("--model", required=True, help="model path or name, as vLLM takes it")
+    engine.add_argument(
+        "--scheduler-config", metavar="FILE", help="scheduler configuration (YAML)"
+    )
+    engine.add_argument("--policy", help="policy, overriding the configuration's")
+    engine.set_defaults(handler=_engine, passes_unknown_options=True)
 
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
@@ -190,6 +208,12 @@ def _sim(args: argparse.Namespace) -> int:
     )
     run_command(options, args.json, args.plot, args.write_trace, _wide_console())
     return 0
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from fairpool_engine.vllm_launch import run
+
+    return run(args.model, args.vllm_args, args.scheduler_config, args.policy)
 
 
 def _wide_console() -> Console:

@@ -116,11 +116,14 @@ class LocalPolicy(ABC):
         return self._charge(request.tenant, self.cost.prefill(request.prompt_tokens, cached_tokens))
 
     def record_output(self, request_id: str, tokens: int = 1) -> float:
-        """`tokens` more output tokens were generated for a running request."""
-        request = self._running.get(request_id)
-        if request is None:
-            raise ConfigError("request_id", f"{request_id!r} is not running")
-        return self._charge(request.tenant, self.cost.decode(tokens))
+        """`tokens` more output tokens were generated for a running request (or for one
+        preempted since: engines that schedule ahead deliver a step's tokens late)."""
+        return self._charge(self._served_request(request_id).tenant, self.cost.decode(tokens))
+
+    def correct_charge(self, request_id: str, service: float) -> float:
+        """Add `service` (negative to refund) to what `request_id`'s tenant was charged,
+        when the engine learns that an estimate it charged was off."""
+        return self._charge(self._served_request(request_id).tenant, service)
 
     def preempt(self, request_id: str) -> None:
         """Send a running request back to the front of the queue, already paid for."""
@@ -177,6 +180,9 @@ class LocalPolicy(ABC):
     @property
     def running_count(self) -> int:
         return len(self._running)
+
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self._running
 
     def waiting_tenants(self) -> list[str]:
         return list(self._queues)
@@ -250,6 +256,16 @@ class LocalPolicy(ABC):
         if not queue:
             del self._queues[tenant]  # so that scans over waiting tenants skip idle ones
             self._on_leave(tenant)
+
+    def _served_request(self, request_id: str) -> Request:
+        """A running request, or a waiting one that was served before (preempted)."""
+        request = self._running.get(request_id)
+        entry = self._waiting.get(request_id)
+        if request is None and entry is not None and entry.charged:
+            request = entry.request
+        if request is None:
+            raise ConfigError("request_id", f"{request_id!r} is not running")
+        return request
 
     def _pop_running(self, request_id: str) -> Request:
         request = self._running.pop(request_id, None)

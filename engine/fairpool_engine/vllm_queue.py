@@ -1,0 +1,122 @@
+"""vLLM's waiting queue, ordered by a fairpool policy.
+
+vLLM's scheduler admits from `self.waiting` with `peek_request()` then, once the
+request's KV blocks are allocated, `pop_request()`; it stops at the first request that
+does not fit (head of line). `PolicyRequestQueue` answers `peek_request()` with the
+request the fairpool policy picks next and treats `pop_request()` as the admission:
+the policy charges the prefill of the uncached tokens, with the prefix hit looked up
+just before vLLM looks it up itself. Requests vLLM gives back — skipped for the step,
+or preempted to be recomputed — return to the front of their tenant's queue, already
+paid for, so nobody is charged twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from fairpool.api.scheduler_config import tenant_of
+from fairpool.sched.policy import LocalPolicy
+from fairpool.sched.requests import Request as PolicyRequest
+from fairpool_engine.vllm_compat import Request, RequestQueue, extra_args
+
+if TYPE_CHECKING:
+    from fairpool_engine.vllm_scheduler import FairSchedulingMixin
+
+
+def policy_request(request: Request) -> PolicyRequest:
+    """The scheduler's view of a vLLM request: tenant, prompt length, output limit."""
+    return PolicyRequest(
+        request.request_id,
+        tenant_of(extra_args(request)),
+        request.num_prompt_tokens,
+        max(int(request.max_tokens), 1),
+        arrival=0.0,
+    )
+
+
+class PolicyRequestQueue(RequestQueue):
+    def __init__(self, scheduler: FairSchedulingMixin) -> None:
+        self._scheduler = scheduler
+        self._requests: dict[str, Request] = {}  # waiting, by id
+        self._head: Request | None = None
+        self._head_hit = 0
+        #: Prefix hit charged at each admission of this step, to check against vLLM's.
+        self.charged_hits: dict[str, int] = {}
+
+    @property
+    def policy(self) -> LocalPolicy:
+        return self._scheduler.live.policy
+
+    def new_step(self) -> None:
+        """Forget the previous step's choice: service and the cache have changed."""
+        self._head = None
+        self.charged_hits.clear()
+
+    # ------------------------------------------------------------ RequestQueue
+
+    def add_request(self, request: Request) -> None:
+        self.policy.add(self._scheduler.register(request))
+        self._requests[request.request_id] = request
+        self._head = None
+
+    def peek_request(self) -> Request:
+        head = self._select()
+        if head is None:
+            raise IndexError("peek from an empty queue")
+        return head
+
+    def pop_request(self) -> Request:
+        request = self.peek_request()
+        request_id = request.request_id
+        self.policy.admit(request_id, self._head_hit)
+        self.charged_hits[request_id] = self._head_hit
+        del self._requests[request_id]
+        self._head = None
+        return request
+
+    def prepend_request(self, request: Request) -> None:
+        """Back to the front: a preempted request, or one vLLM skipped this step."""
+        request_id = request.request_id
+        if self.policy.is_running(request_id):
+            self.policy.preempt(request_id)
+        else:
+            self.policy.add(self._scheduler.register(request))
+        self._requests[request_id] = request
+        self._head = None
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        # Same order as vLLM's deque.extendleft: the last one given ends up first.
+        for request in requests:
+            self.prepend_request(request)
+
+    def remove_request(self, request: Request) -> None:
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            if self._requests.pop(request.request_id, None) is not None:
+                self.policy.remove(request.request_id)
+        self._head = None
+
+    def __bool__(self) -> bool:
+        # False also when the policy admits nothing now (memory-safe admission waiting
+        # for room): vLLM's loop then stops admitting for this step.
+        return self._select() is not None
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(list(self._requests.values()))
+
+    # ------------------------------------------------------------ internals
+
+    def _select(self) -> Request | None:
+        if self._head is None and self._requests:
+            chosen = self.policy.next_request(self._scheduler.view)
+            if chosen is not None:
+                self._head = self._requests[chosen.request_id]
+                # Looked up afresh: vLLM's own lookup follows, on the same cache state.
+                self._head_hit = self._scheduler.view.fresh_hit(self._head)
+        return self._head

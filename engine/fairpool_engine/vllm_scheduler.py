@@ -1,0 +1,242 @@
+"""fairpool's fair scheduler inside vLLM (`--scheduler-cls`, see `FairScheduler`).
+
+vLLM's scheduler stays in charge of everything but the order of its waiting queue: the
+running batch, chunked prefill, KV allocation, preemption and the prefix cache are
+vLLM's own. `FairSchedulingMixin` swaps `self.waiting` for a `PolicyRequestQueue`
+driven by a fairpool policy (DLPM by default; VTC, FCFS, LPM, any with memory-safe
+admission), and charges tenants for the service they get:
+
+- the prefill of the uncached prompt tokens when a request is admitted (VTC, OSDI'24,
+  §4.1 Alg. 2 line 16; DLPM, arXiv 2501.14312, §4.1 Alg. 1 line 13), with the hit from
+  vLLM's KV-cache manager, so a prefix hit is free;
+- each output token as `update_from_output` delivers it (VTC Alg. 2 line 22);
+- nothing again for a preempted request that comes back.
+
+The tenant is the request's `vllm_xargs.fairpool_tenant`. The policy and weights come
+from the file named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs.
+
+`FairScheduler` picks vLLM's `AsyncScheduler` or plain `Scheduler` as its base to match
+the engine's async-scheduling setting (on by default on GPUs, forced off on CPUs), so
+one `--scheduler-cls` serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from vllm.logger import init_logger
+
+from fairpool.api.scheduler_config import tenant_of
+from fairpool.sched.requests import Request as PolicyRequest
+from fairpool.sched.requests import Running
+from fairpool_engine.live import LiveScheduler
+from fairpool_engine.tenant_metrics import TenantMetrics
+from fairpool_engine.vllm_compat import (
+    AsyncScheduler,
+    Request,
+    Scheduler,
+    check_version,
+    extra_args,
+    kv_capacity_tokens,
+    prefix_hit,
+)
+from fairpool_engine.vllm_queue import PolicyRequestQueue, policy_request
+
+# vLLM only installs handlers on loggers under its own namespace.
+log = init_logger("vllm.fairpool")
+#: Optional JSON-lines file of scheduling events (add, admit, output, finish), for tests
+#: and for debugging an engine's decisions.
+TRACE_ENV = "FAIRPOOL_SCHEDULER_TRACE"
+
+
+class VllmEngineView:
+    """What a fairpool policy sees of a vLLM engine (`fairpool.sched.EngineView`)."""
+
+    def __init__(self, scheduler: FairSchedulingMixin) -> None:
+        self._scheduler = scheduler
+        self._hits: dict[str, int] = {}
+        self._running: list[Running] | None = None
+        self.mean_batch_time = 0.0
+
+    def new_step(self, batch_time: float | None) -> None:
+        self._hits.clear()
+        self._running = None
+        if batch_time is not None:  # exponential mean over recent steps
+            self.mean_batch_time += 0.1 * (batch_time - self.mean_batch_time)
+
+    @property
+    def now(self) -> float:
+        return time.monotonic()
+
+    @property
+    def memory_tokens(self) -> int:
+        scheduler = self._scheduler
+        return kv_capacity_tokens(scheduler.kv_cache_manager, scheduler.block_size)
+
+    @property
+    def memory_utilization(self) -> float:
+        return float(self._scheduler.kv_cache_manager.usage)
+
+    @property
+    def running(self) -> list[Running]:
+        if self._running is None:
+            known = self._scheduler.policy_requests
+            self._running = [
+                Running(
+                    known[request.request_id],
+                    output_tokens=request.num_output_tokens,
+                    prefill_remaining=max(
+                        request.num_prompt_tokens - request.num_computed_tokens, 0
+                    ),
+                )
+                for request in self._scheduler.running
+                if request.request_id in known
+            ]
+        return self._running
+
+    def cached_tokens(self, request: PolicyRequest) -> int:
+        """Prefix hit of a waiting request, looked up once per step (LPM asks often)."""
+        hit = self._hits.get(request.request_id)
+        if hit is None:
+            hit = prefix_hit(
+                self._scheduler.kv_cache_manager, self._scheduler.requests[request.request_id]
+            )
+            self._hits[request.request_id] = hit
+        return hit
+
+    def fresh_hit(self, request: Request) -> int:
+        hit = prefix_hit(self._scheduler.kv_cache_manager, request)
+        self._hits[request.request_id] = hit
+        return hit
+
+
+class FairSchedulingMixin:
+    """The fair queue and the charging, over whichever vLLM scheduler it is mixed into."""
+
+    # Provided by vLLM's Scheduler.
+    kv_cache_manager: Any
+    block_size: int
+    running: list[Request]
+    requests: dict[str, Request]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.vllm_version = check_version()
+        self.live = LiveScheduler.from_environment()
+        self.policy_requests: dict[str, PolicyRequest] = {}
+        self.view = VllmEngineView(self)
+        self.metrics = TenantMetrics()
+        self._step_started: float | None = None
+        self._finishing: list[str] | None = None  # set while update_from_output runs
+        self._trace = _open_trace()
+        super().__init__(*args, **kwargs)
+        self.waiting = PolicyRequestQueue(self)
+        self.metrics.export(self.live, force=True)
+        log.info(
+            "fairpool scheduler active: %s over %s, policy=%s, block_size=%d, vLLM %s",
+            type(self).__name__,
+            type(self).__mro__[2].__name__,
+            self.live.config.policy_name,
+            self.block_size,
+            self.vllm_version,
+        )
+
+    def register(self, request: Request) -> PolicyRequest:
+        scheduled = policy_request(request)
+        self.policy_requests[request.request_id] = scheduled
+        self._record(
+            "add", request.request_id, tenant=scheduled.tenant, prompt=scheduled.prompt_tokens
+        )
+        return scheduled
+
+    # ------------------------------------------------------------ vLLM's interface
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.live.maybe_reload():
+            log.info("fairpool scheduler now runs %s", self.live.config.policy_name)
+        now = time.monotonic()
+        self.view.new_step(None if self._step_started is None else now - self._step_started)
+        self._step_started = now if self.running or self.waiting else None
+        self.waiting.new_step()
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        self._check_charged_hits(output)
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        self._finishing = []
+        try:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        finally:
+            finishing, self._finishing = self._finishing, None
+        policy = self.live.policy
+        for engine_outputs in outputs.values():
+            for output in engine_outputs.outputs:
+                if output.new_token_ids and output.request_id in self.policy_requests:
+                    policy.record_output(output.request_id, len(output.new_token_ids))
+        for request_id in finishing:
+            self._forget(request_id)
+        self.metrics.export(self.live, force=not self.policy_requests)
+        return outputs
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        result = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        if self._finishing is not None:  # the step's last tokens are charged first
+            self._finishing.append(request.request_id)
+        else:
+            self._forget(request.request_id)
+        return result
+
+    # ------------------------------------------------------------ internals
+
+    def _forget(self, request_id: str) -> None:
+        if self.policy_requests.pop(request_id, None) is not None:
+            self.live.policy.remove(request_id)
+            self._record("finish", request_id)
+            if not self.policy_requests:
+                self.metrics.export(self.live, force=True)
+
+    def _check_charged_hits(self, output: Any) -> None:
+        """Charge the difference where vLLM's hit differs from the one charged (a KV
+        connector's external hit, which the queue cannot see)."""
+        charged = self.waiting.charged_hits
+        policy = self.live.policy
+        for new in output.scheduled_new_reqs:
+            estimate = charged.get(new.req_id)
+            if estimate is None:
+                continue
+            actual = int(new.num_computed_tokens)
+            if actual != estimate:
+                policy.correct_charge(new.req_id, policy.cost.extend_weight * (estimate - actual))
+            self._record(
+                "admit",
+                new.req_id,
+                tenant=tenant_of(extra_args(self.requests[new.req_id])),
+                cached=actual,
+            )
+
+    def _record(self, event: str, request_id: str, **fields: Any) -> None:
+        if self._trace is not None:
+            line = {"t": time.time(), "event": event, "request": request_id, **fields}
+            self._trace.write(json.dumps(line) + "\n")
+            self._trace.flush()
+
+
+def _open_trace() -> Any:
+    path = os.environ.get(TRACE_ENV)
+    return open(path, "a") if path else None
+
+
+class FairSyncScheduler(FairSchedulingMixin, Scheduler):
+    """Over vLLM's plain scheduler (CPU, or --no-async-scheduling)."""
+
+
+class FairAsyncScheduler(FairSchedulingMixin, AsyncScheduler):
+    """Over vLLM's async scheduler (the GPU default)."""
+
+
+def FairScheduler(*args: Any, vllm_config: Any, **kwargs: Any) -> FairSchedulingMixin:
+    """What `--scheduler-cls` names: the fair scheduler over the base vLLM would use."""
+    cls = FairAsyncScheduler if vllm_config.scheduler_config.async_scheduling else FairSyncScheduler
+    return cls(*args, vllm_config=vllm_config, **kwargs)

@@ -1,0 +1,254 @@
+"""fairpool's scheduler inside real vLLM, through vLLM's own OpenAI server on loopback.
+
+One flooding tenant and one light tenant with twice its weight; the same burst against
+stock vLLM (FCFS) for comparison; prefix hits; streaming; aborts; preemption under a
+tiny KV cache; bad `vllm_xargs`; a configuration change while running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import MODEL_NAME, Server
+
+WEIGHTS = {"flood": 1.0, "light": 2.0}
+
+
+def write_config(path: Path, **fields: object) -> Path:
+    path.write_text(json.dumps(fields))
+    return path
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of `name` whose labels include `labels` (0 if absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def trace_events(server: Server) -> list[dict[str, object]]:
+    return [json.loads(line) for line in server.trace.read_text().splitlines()]
+
+
+def body(tenant: str | None, prompt: str, max_tokens: int, **extra: object) -> dict[str, object]:
+    document: dict[str, object] = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        **extra,
+    }
+    if tenant is not None:
+        document["vllm_xargs"] = {"fairpool_tenant": tenant}
+    return document
+
+
+async def burst(server: Server) -> tuple[list[str], float]:
+    """24 requests of `flood`, then (0.2 s later) 8 of `light`; returns tenants in
+    completion order and when `light` arrived."""
+    done: list[tuple[float, str]] = []
+
+    async def one(client: httpx.AsyncClient, tenant: str, index: int) -> None:
+        prompt = f"request {index} from {tenant}: def handler(event, context): return"
+        response = await client.post("/v1/completions", json=body(tenant, prompt, 160))
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 160
+        done.append((time.monotonic(), tenant))
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+        flood = [asyncio.create_task(one(client, "flood", i)) for i in range(24)]
+        await asyncio.sleep(0.2)
+        light_arrival = time.monotonic()
+        light = [asyncio.create_task(one(client, "light", i)) for i in range(8)]
+        await asyncio.gather(*flood, *light)
+    return [tenant for at, tenant in sorted(done) if at > light_arrival], light_arrival
+
+
+@pytest.fixture(scope="module")
+def fair_server(server_factory, scratch: Path) -> Server:
+    config = write_config(
+        scratch / "fair.json", policy="vtc", tenants=WEIGHTS, cost={"outputWeight": 2}
+    )
+    return server_factory("fair", config=config, extra=("--max-num-seqs", "2"))
+
+
+def light_share_of_first(order: list[str], count: int = 9) -> float:
+    first = order[:count]
+    return first.count("light") / len(first)
+
+
+def test_the_plugin_is_loaded_and_exports_per_tenant_metrics(fair_server: Server):
+    assert "fairpool scheduler active: FairSyncScheduler" in fair_server.log_text()
+    text = fair_server.metrics()
+    assert 'fairpool_engine_scheduler_info{policy="vtc"}' in text
+    assert "vllm:num_requests_running" in text  # next to vLLM's own
+
+
+def test_a_flooding_tenant_does_not_starve_a_light_one_unlike_stock_vllm(
+    fair_server: Server, server_factory
+):
+    fair_order, _ = asyncio.run(burst(fair_server))
+    stock = server_factory("stock", fair=False, extra=("--max-num-seqs", "2"))
+    stock_order, _ = asyncio.run(burst(stock))
+    fair_share, stock_share = light_share_of_first(fair_order), light_share_of_first(stock_order)
+    print(f"light tenant's share of the first 9 completions: fair {fair_share:.2f}, "
+          f"stock {stock_share:.2f}")  # fmt: skip
+    assert fair_share >= 0.5  # weight 2 of 3: two thirds
+    assert stock_share <= 0.2  # FCFS: behind the flood
+
+    # Admissions while both were backlogged follow the weights (equal-cost requests).
+    events = trace_events(fair_server)
+    adds = [e for e in events if e["event"] == "add" and e["tenant"] == "light"]
+    admits = [e for e in events if e["event"] == "admit"]
+    start = min(float(e["t"]) for e in adds)
+    last_light = max(float(e["t"]) for e in admits if e["tenant"] == "light")
+    window = [e["tenant"] for e in admits if start <= float(e["t"]) <= last_light]
+    share = window.count("light") / len(window)
+    print(f"light tenant's share of admissions while both were backlogged: {share:.2f}")
+    assert 0.55 <= share <= 0.8
+
+
+def completion_service(usage: dict[str, object]) -> float:
+    details = usage.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)  # type: ignore[union-attr]
+    prompt = int(usage["prompt_tokens"])  # type: ignore[arg-type]
+    return (prompt - cached) + 2.0 * int(usage["completion_tokens"])  # type: ignore[arg-type]
+
+
+def test_prefix_hits_are_not_charged(fair_server: Server):
+    prompt = " ".join(f"shared system prompt line {i};" for i in range(60))
+    charged = []
+    cached = []
+    for _ in range(2):
+        before = metric(
+            fair_server.metrics(), "fairpool_engine_tenant_service_total", tenant="docs"
+        )
+        response = httpx.post(
+            f"{fair_server.url}/v1/completions", json=body("docs", prompt, 8), timeout=60
+        )
+        usage = response.json()["usage"]
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        after = metric(fair_server.metrics(), "fairpool_engine_tenant_service_total", tenant="docs")
+        charged.append(after - before)
+        assert after - before == completion_service(usage)
+    assert cached[0] == 0 and cached[1] >= 128  # whole 128-token blocks
+    assert charged[1] == charged[0] - cached[1]
+
+
+def test_streaming_and_non_streaming_chat_and_completions(fair_server: Server):
+    chat = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "vllm_xargs": {"fairpool_tenant": "chat"},
+    }
+    response = httpx.post(f"{fair_server.url}/v1/chat/completions", json=chat, timeout=60)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 12
+    for path, payload in (
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", body("chat", "def main():", 12)),
+    ):
+        streamed = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", fair_server.url + path, json=streamed, timeout=60) as reply:
+            lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        usage = json.loads(lines[-2][6:])["usage"]
+        assert usage["completion_tokens"] == 12
+
+
+def test_an_aborted_stream_leaves_nothing_behind(fair_server: Server):
+    payload = {**body("quitter", "def long_story():", 900), "stream": True}
+    with httpx.stream(
+        "POST", f"{fair_server.url}/v1/completions", json=payload, timeout=60
+    ) as reply:
+        chunks = 0
+        for line in reply.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks >= 3:
+                break  # closing the stream aborts the request
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = fair_server.metrics()
+        running = metric(text, "fairpool_engine_tenant_requests_running", tenant="quitter")
+        if running == 0 and metric(text, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the aborted request is still running")
+    assert metric(text, "fairpool_engine_tenant_requests_waiting", tenant="quitter") == 0
+    finished = [e for e in trace_events(fair_server) if e["event"] == "finish"]
+    quitter_ids = {e["request"] for e in trace_events(fair_server) if e.get("tenant") == "quitter"}
+    assert quitter_ids <= {e["request"] for e in finished}
+
+
+def test_bad_fairpool_xargs_and_unknown_models_are_refused(fair_server: Server):
+    url = f"{fair_server.url}/v1/completions"
+    empty = httpx.post(url, json={**body(None, "x", 4), "vllm_xargs": {"fairpool_tenant": ""}})
+    assert empty.status_code == 400
+    assert empty.json()["error"]["param"] == "vllm_xargs.fairpool_tenant"
+    unknown = httpx.post(url, json={**body(None, "x", 4), "vllm_xargs": {"fairpool_x": 1}})
+    assert unknown.status_code == 400 and "fairpool_x" in unknown.json()["error"]["message"]
+    missing = httpx.post(url, json={**body("a", "x", 4), "model": "nope"})
+    assert missing.status_code == 404
+
+
+def test_a_weight_change_is_picked_up_without_a_restart(fair_server: Server, scratch: Path):
+    write_config(
+        scratch / "fair.json",
+        policy="vtc",
+        tenants={**WEIGHTS, "light": 5.0},
+        cost={"outputWeight": 2},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        httpx.post(f"{fair_server.url}/v1/completions", json=body("light", "x", 2), timeout=30)
+        if metric(fair_server.metrics(), "fairpool_engine_tenant_weight", tenant="light") == 5:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("the new weight never showed")
+    text = fair_server.metrics()
+    assert metric(text, "fairpool_engine_config_reloads_total", result="applied") >= 1
+
+
+def test_preemption_neither_double_charges_nor_loses_requests(server_factory, scratch: Path):
+    config = write_config(scratch / "tight.json", policy="dlpm", quantum=512)
+    # 4 MiB of KV is 4,096 tokens (32 blocks) of the tiny model: 16 requests of 450
+    # tokens need twice that, so vLLM preempts and recomputes.
+    server = server_factory(
+        "tight", config=config, kv_bytes=4 * 1024 * 1024, extra=("--max-num-seqs", "16")
+    )
+
+    async def one(client: httpx.AsyncClient, index: int) -> dict[str, object]:
+        tenant = "ab"[index % 2]
+        prompt = f"task {index}: " + "write the parser " * 4
+        response = await client.post("/v1/completions", json=body(tenant, prompt, 400))
+        assert response.status_code == 200, response.text
+        return {"tenant": tenant, **response.json()["usage"]}
+
+    async def run() -> list[dict[str, object]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(16)))
+
+    usages = asyncio.run(run())
+    assert all(usage["completion_tokens"] == 400 for usage in usages)
+    text = server.metrics()
+    assert metric(text, "vllm:num_preemptions_total") > 0
+    for tenant in "ab":
+        expected = sum(completion_service(u) for u in usages if u["tenant"] == tenant)
+        charged = metric(text, "fairpool_engine_tenant_service_total", tenant=tenant)
+        assert charged == expected, (tenant, charged, expected)
+        assert metric(text, "fairpool_engine_tenant_requests_running", tenant=tenant) == 0
+    assert re.search(r'fairpool_engine_scheduler_info\{policy="dlpm"\}', text)

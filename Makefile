@@ -66,7 +66,7 @@ reproduce: $(STAMP)
 
 ## Real vLLM (CPU build) with the fairpool scheduler, on a tiny model built locally.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/pytest tests/vllm -p no:cacheprovider
+	$(VLLM_VENV)/bin/pytest tests/real_vllm -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

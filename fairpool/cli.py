@@ -117,9 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         "go to vLLM (e.g. --port 8000 --max-model-len 4096).",
     )
     engine.add_argument("--model", required=True, help="model path or name, as vLLM takes it")
-    engine.add_argument(
-        "--scheduler-config", metavar="FILE", help="scheduler configuration (YAML)"
-    )
+    engine.add_argument("--scheduler-config", metavar="FILE", help="scheduler configuration (YAML)")
     engine.add_argument("--policy", help="policy, overriding the configuration's")
     engine.set_defaults(handler=_engine, passes_unknown_options=True)
 

@@ -100,9 +100,13 @@ class PolicyRequestQueue(RequestQueue):
         self._head = None
 
     def __bool__(self) -> bool:
-        # False also when the policy admits nothing now (memory-safe admission waiting
-        # for room): vLLM's loop then stops admitting for this step.
-        return self._select() is not None
+        # With memory-safe admission the policy may admit nothing now although requests
+        # wait; False then stops vLLM's admission loop for this step. Other policies
+        # always pick one, so the choice waits until vLLM peeks (it often stops first,
+        # at its running-request limit).
+        if self.policy.memory_safe:
+            return self._select() is not None
+        return bool(self._requests)
 
     def __len__(self) -> int:
         return len(self._requests)

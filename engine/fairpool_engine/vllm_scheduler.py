@@ -50,6 +50,8 @@ log = init_logger("vllm.fairpool")
 #: Optional JSON-lines file of scheduling events (add, admit, output, finish), for tests
 #: and for debugging an engine's decisions.
 TRACE_ENV = "FAIRPOOL_SCHEDULER_TRACE"
+#: Steps a waiting request's prefix hit is reused for ordering before it is looked up again.
+HIT_REFRESH_STEPS = 32
 
 
 class VllmEngineView:
@@ -57,12 +59,13 @@ class VllmEngineView:
 
     def __init__(self, scheduler: FairSchedulingMixin) -> None:
         self._scheduler = scheduler
-        self._hits: dict[str, int] = {}
+        self._hits: dict[str, tuple[int, int]] = {}  # request id → (hit, step looked up)
+        self._step = 0
         self._running: list[Running] | None = None
         self.mean_batch_time = 0.0
 
     def new_step(self, batch_time: float | None) -> None:
-        self._hits.clear()
+        self._step += 1
         self._running = None
         if batch_time is not None:  # exponential mean over recent steps
             self.mean_batch_time += 0.1 * (batch_time - self.mean_batch_time)
@@ -98,19 +101,22 @@ class VllmEngineView:
         return self._running
 
     def cached_tokens(self, request: PolicyRequest) -> int:
-        """Prefix hit of a waiting request, looked up once per step (LPM asks often)."""
-        hit = self._hits.get(request.request_id)
-        if hit is None:
-            hit = prefix_hit(
-                self._scheduler.kv_cache_manager, self._scheduler.requests[request.request_id]
-            )
-            self._hits[request.request_id] = hit
-        return hit
+        """Prefix hit of a waiting request, for ordering (LPM, DLPM): looked up again
+        every HIT_REFRESH_STEPS steps, since ordering all of a long queue by fresh hits
+        every step would cost more than the rest of vLLM's step. What a request is
+        charged uses `fresh_hit`."""
+        known = self._hits.get(request.request_id)
+        if known is not None and self._step - known[1] < HIT_REFRESH_STEPS:
+            return known[0]
+        return self.fresh_hit(self._scheduler.requests[request.request_id])
 
     def fresh_hit(self, request: Request) -> int:
         hit = prefix_hit(self._scheduler.kv_cache_manager, request)
-        self._hits[request.request_id] = hit
+        self._hits[request.request_id] = (hit, self._step)
         return hit
+
+    def forget(self, request_id: str) -> None:
+        self._hits.pop(request_id, None)
 
 
 class FairSchedulingMixin:
@@ -193,6 +199,7 @@ class FairSchedulingMixin:
     def _forget(self, request_id: str) -> None:
         if self.policy_requests.pop(request_id, None) is not None:
             self.live.policy.remove(request_id)
+            self.view.forget(request_id)
             self._record("finish", request_id)
             if not self.policy_requests:
                 self.metrics.export(self.live, force=True)

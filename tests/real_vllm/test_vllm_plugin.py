@@ -54,25 +54,42 @@ def body(tenant: str | None, prompt: str, max_tokens: int, **extra: object) -> d
     return document
 
 
-async def burst(server: Server) -> tuple[list[str], float]:
-    """24 requests of `flood`, then (0.2 s later) 8 of `light`; returns tenants in
-    completion order and when `light` arrived."""
-    done: list[tuple[float, str]] = []
+async def burst(server: Server) -> None:
+    """32 requests of `flood`, then 8 of `light`."""
 
     async def one(client: httpx.AsyncClient, tenant: str, index: int) -> None:
         prompt = f"request {index} from {tenant}: def handler(event, context): return"
         response = await client.post("/v1/completions", json=body(tenant, prompt, 160))
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 160
-        done.append((time.monotonic(), tenant))
 
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-        flood = [asyncio.create_task(one(client, "flood", i)) for i in range(24)]
-        await asyncio.sleep(0.2)
-        light_arrival = time.monotonic()
+        flood = [asyncio.create_task(one(client, "flood", i)) for i in range(32)]
+        await asyncio.sleep(0.01)  # the flood is sent first
+        # Sent at once: on a busy two-core machine vLLM's API server can take seconds to
+        # hand requests sent later over to the engine.
         light = [asyncio.create_task(one(client, "light", i)) for i in range(8)]
         await asyncio.gather(*flood, *light)
-    return [tenant for at, tenant in sorted(done) if at > light_arrival], light_arrival
+
+
+def light_share_while_both_backlogged(server: Server) -> tuple[float, int]:
+    """From the engine's trace: the light tenant's share of the admissions made while both
+    tenants had requests waiting in the engine (so a late hand-over from vLLM's API server
+    on a busy machine does not count as contention), and how many there were."""
+    waiting = {"flood": 0, "light": 0}
+    admitted = {"flood": 0, "light": 0}
+    for event in trace_events(server):
+        tenant = str(event.get("tenant"))
+        if tenant not in waiting:
+            continue
+        if event["event"] == "add":
+            waiting[tenant] += 1
+        elif event["event"] == "admit":
+            if waiting["flood"] and waiting["light"]:
+                admitted[tenant] += 1
+            waiting[tenant] -= 1
+    total = sum(admitted.values())
+    return (admitted["light"] / total if total else float("nan")), total
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +100,6 @@ def fair_server(server_factory, scratch: Path) -> Server:
     return server_factory("fair", config=config, extra=("--max-num-seqs", "2"))
 
 
-def light_share_of_first(order: list[str], count: int = 9) -> float:
-    first = order[:count]
-    return first.count("light") / len(first)
-
-
 def test_the_plugin_is_loaded_and_exports_per_tenant_metrics(fair_server: Server):
     assert "fairpool scheduler active: FairSyncScheduler" in fair_server.log_text()
     text = fair_server.metrics()
@@ -95,28 +107,26 @@ def test_the_plugin_is_loaded_and_exports_per_tenant_metrics(fair_server: Server
     assert "vllm:num_requests_running" in text  # next to vLLM's own
 
 
-def test_a_flooding_tenant_does_not_starve_a_light_one_unlike_stock_vllm(
-    fair_server: Server, server_factory
+def test_a_flooding_tenant_does_not_starve_a_light_one_unlike_fcfs(
+    fair_server: Server, server_factory, scratch: Path
 ):
-    fair_order, _ = asyncio.run(burst(fair_server))
-    stock = server_factory("stock", fair=False, extra=("--max-num-seqs", "2"))
-    stock_order, _ = asyncio.run(burst(stock))
-    fair_share, stock_share = light_share_of_first(fair_order), light_share_of_first(stock_order)
-    print(f"light tenant's share of the first 9 completions: fair {fair_share:.2f}, "
-          f"stock {stock_share:.2f}")  # fmt: skip
-    assert fair_share >= 0.5  # weight 2 of 3: two thirds
-    assert stock_share <= 0.2  # FCFS: behind the flood
-
-    # Admissions while both were backlogged follow the weights (equal-cost requests).
-    events = trace_events(fair_server)
-    adds = [e for e in events if e["event"] == "add" and e["tenant"] == "light"]
-    admits = [e for e in events if e["event"] == "admit"]
-    start = min(float(e["t"]) for e in adds)
-    last_light = max(float(e["t"]) for e in admits if e["tenant"] == "light")
-    window = [e["tenant"] for e in admits if start <= float(e["t"]) <= last_light]
-    share = window.count("light") / len(window)
-    print(f"light tenant's share of admissions while both were backlogged: {share:.2f}")
-    assert 0.55 <= share <= 0.8
+    asyncio.run(burst(fair_server))
+    fair_share, fair_contended = light_share_while_both_backlogged(fair_server)
+    # The same burst on vLLM's own order: the plugin with `fcfs` admits exactly as stock
+    # vLLM does (arrival order, preempted requests first), and traces it the same way.
+    config = write_config(scratch / "fcfs.json", policy="fcfs")
+    fcfs = server_factory("fcfs", config=config, extra=("--max-num-seqs", "2"))
+    asyncio.run(burst(fcfs))
+    fcfs_share, fcfs_contended = light_share_while_both_backlogged(fcfs)
+    print(
+        f"light tenant's share of admissions while both were backlogged: fair "
+        f"{fair_share:.2f} of {fair_contended}, fcfs {fcfs_share:.2f} of {fcfs_contended}"
+    )
+    assert fair_contended >= 4 and fcfs_contended >= 4, "no contention to measure"
+    # Weight 2 of 3; output is charged as it is generated, so admissions run a little
+    # ahead of the 2/3 share of service.
+    assert 0.55 <= fair_share <= 0.95
+    assert fcfs_share <= 0.25  # behind the flood (but for the odd request sent early)
 
 
 def completion_service(usage: dict[str, object]) -> float:

@@ -52,12 +52,14 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_radix.py
 	$(BIN)/python bench/bench_routing.py
 	$(BIN)/python bench/bench_sim.py
+	$(BIN)/python bench/bench_engine_sim.py
 
 ## The benchmarks at toy size, so they cannot rot; records nothing.
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_radix.py --quick > /dev/null
 	$(BIN)/python bench/bench_routing.py --quick > /dev/null
 	$(BIN)/python bench/bench_sim.py --quick > /dev/null
+	$(BIN)/python bench/bench_engine_sim.py --quick > /dev/null
 	@echo "bench-smoke: ok"
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.

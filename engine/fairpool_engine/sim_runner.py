@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from fairpool.sched.requests import Request
+from fairpool.sched.requests import Request, Running
 from fairpool.sim.engine import Completion, SimEngine
 from fairpool_engine.live import LiveScheduler
 from fairpool_engine.sim_metrics import EngineMetrics
@@ -35,9 +35,8 @@ class Generation:
         self.output_target = output_target  # tokens it will produce (≤ max_tokens)
         self.generated = 0
         self.finished = False
-        self.cached_tokens = 0
-        self.admitted_at: float | None = None
-        self.last_token_at: float | None = None
+        self.cached_tokens = 0  # prefix-cache hit at its (latest) admission, once finished
+        self.last_token_at: float | None = None  # model time
         self._changed = asyncio.Event()
 
     @property
@@ -53,11 +52,11 @@ class Generation:
         await self._changed.wait()
         self._changed.clear()
 
-    def _add(self, count: int) -> None:
+    def add_tokens(self, count: int) -> None:
         self.generated += count
         self._changed.set()
 
-    def _finish(self, cached_tokens: int) -> None:
+    def finish(self, cached_tokens: int) -> None:
         self.cached_tokens = cached_tokens
         self.finished = True
         self._changed.set()
@@ -137,21 +136,21 @@ class EngineRunner:
             self.metrics.observe_engine(engine, self.live)
             await asyncio.sleep(max(engine.now - self._wall(), 0.0) / self.speedup)
 
-    def _deliver(self, advanced: itertools.chain) -> None:  # type: ignore[type-arg]
+    def _deliver(self, advanced: Iterable[Running]) -> None:
         now = self.engine.now
         for running in advanced:
             generation = self._generations.get(running.request_id)
-            new = running.output_tokens - generation.generated if generation else 0
-            if generation is None or new <= 0:
-                continue
+            if generation is None or running.output_tokens <= generation.generated:
+                continue  # aborted, or a prefill chunk that yields no token yet
+            request = generation.request
             if generation.last_token_at is None:
-                arrival = generation.request.arrival
-                self.metrics.first_token(generation.request.prompt_tokens, now - arrival)
-                self.metrics.tokens(new, None)
+                self.metrics.first_token(request.prompt_tokens, now - request.arrival)
+                gap = None
             else:
-                self.metrics.tokens(new, now - generation.last_token_at)
+                gap = now - generation.last_token_at
+            self.metrics.tokens(running.output_tokens - generation.generated, gap)
             generation.last_token_at = now
-            generation._add(new)
+            generation.add_tokens(running.output_tokens - generation.generated)
         for completion in self._finished:
             generation = self._generations.pop(completion.request.request_id)
             request = completion.request
@@ -160,9 +159,9 @@ class EngineRunner:
                 now - request.arrival,
                 completion.admitted_at - request.arrival,
             )
-            generation._finish(completion.cached_tokens)
+            generation.finish(completion.cached_tokens)
         self._finished.clear()
-        self.engine.completions.clear()  # the server runs for ever; the runner reports them
+        self.engine.completions.clear()  # a server runs indefinitely: keep no history
 
     # ------------------------------------------------------------------ EngineListener
 

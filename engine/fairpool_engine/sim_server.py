@@ -210,7 +210,7 @@ class SimServer:
         return await self._serve(http, self._chat_job)
 
     async def _completion_job(self, http: Request) -> Job:
-        request = await _parse(http, CompletionRequest)
+        request = self._check(await _parse(http, CompletionRequest))
         prompt = request.prompt_text_or_ids()
         tokens = tokenize(prompt) if isinstance(prompt, str) else prompt
         if not tokens:
@@ -225,8 +225,7 @@ class SimServer:
         )
 
     async def _chat_job(self, http: Request) -> Job:
-        request = await _parse(http, ChatCompletionRequest)
-        request.check_supported()  # before reading the messages' content
+        request = self._check(await _parse(http, ChatCompletionRequest))
         messages = [(message.role, message.text()) for message in request.messages]
         tokens = tokenize(render_chat(messages, request.add_generation_prompt))
         header = ResponseHeader.new("chatcmpl", self.options.model, _request_id(http, request))
@@ -239,6 +238,13 @@ class SimServer:
             functools.partial(chat_response, header, role),
         )
 
+    def _check(self, request: Parsed) -> Parsed:
+        """The model first, as vLLM does, then what the simulated engine cannot serve."""
+        if request.model and request.model != self.options.model:
+            raise model_not_found(request.model, self.options.model)
+        request.check_supported()
+        return request
+
     def _job(
         self,
         request: GenerationRequest,
@@ -247,9 +253,6 @@ class SimServer:
         chunks: CompletionChunks,
         whole: Callable[[str, str, Usage], dict[str, Any]],
     ) -> Job:
-        if request.model and request.model != self.options.model:
-            raise model_not_found(request.model, self.options.model)
-        request.check_supported()
         requested, param = output_limit
         max_tokens = output_budget(
             self.options.max_model_len, len(tokens), requested, param, request.min_tokens
@@ -396,6 +399,10 @@ async def _http_exception(http: Request, error: HTTPException) -> Response:
 
 def serve(options: SimOptions) -> int:
     """Run the server until interrupted (the `fairpool engine-sim` command)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+    logging.getLogger("fairpool").addHandler(handler)  # config reloads, the loop's fate
+    logging.getLogger("fairpool").setLevel(logging.INFO)
     server = SimServer(options)
     config = _uvicorn_config(server, options.host, options.port, options.access_log)
     live = server.runner.live
@@ -407,7 +414,10 @@ def serve(options: SimOptions) -> int:
         options.max_model_len,
         options.speedup,
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # a second Ctrl-C skips the graceful shutdown
+        return 130
     return 0
 
 
@@ -448,7 +458,7 @@ class ServerThread:
         while not self._server.started:
             if not self._thread.is_alive():
                 raise RuntimeError("engine-sim server did not start")
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -307,7 +307,7 @@ def test_a_flooding_tenant_gets_its_weighted_share_under_fair_policies(
         profile="llama2-7b-a10g",
         memory_tokens=500,
         max_model_len=256,
-        speedup=50.0,
+        speedup=15.0,
         scheduler_config=str(config),
     )
     with ServerThread(options) as server:

@@ -96,11 +96,14 @@ class FakeClock:
         return self.now
 
 
-def test_the_engine_clock_follows_wall_time_times_speedup_and_never_runs_behind():
+def test_the_engine_clock_follows_wall_time_times_speedup_within_its_lag():
     clock = FakeClock()
     engine = SimEngine(make_policy("fcfs"))
-    runner = EngineRunner(engine, LiveScheduler(), EngineMetrics("sim"), speedup=10, clock=clock)
+    metrics = EngineMetrics("sim")
+    runner = EngineRunner(engine, LiveScheduler(), metrics, speedup=10, clock=clock, max_lag=0.1)
     clock.now += 2
-    assert runner.now() == pytest.approx(20)
+    assert runner.now() == pytest.approx(20 - 10 * 0.1)  # at most 0.1 wall s behind
+    engine.now = 19.5  # behind wall time, within the lag: keeps its own cadence
+    assert runner.now() == 19.5
     engine.now = 25.0  # a step ran ahead of the wall clock
     assert runner.now() == 25.0

@@ -1,8 +1,11 @@
 """The simulated engine in wall-clock time: one asyncio task steps a `SimEngine`.
 
 Each step takes the model time the engine's cost model gives it; the loop then sleeps
-that time divided by `speedup`. The engine's clock is never behind wall time × speedup:
-after an idle spell, or when the host cannot keep up, it jumps to it. Each step's new
+until wall time × `speedup` reaches the engine's clock. A wake-up that comes a little
+late (the event loop was writing to clients) is made up by shorter sleeps, so steps keep
+the model's cadence; but the engine's clock never trails wall time × speedup by more
+than `max_lag` wall seconds: after an idle spell, or when the host cannot keep up, it
+jumps ahead, and latencies include the host's lag. Each step's new
 tokens go to their requests' `Generation` as they are produced; a client that reads
 slower than the engine generates gets them several at a time, as vLLM's streams do.
 
@@ -25,6 +28,7 @@ from fairpool_engine.live import LiveScheduler
 from fairpool_engine.sim_metrics import EngineMetrics
 
 IDLE_CHECK = 0.25  # seconds between configuration checks while idle
+MAX_LAG = 0.02  # wall seconds the engine's clock may trail the wall clock, busy
 
 
 class Generation:
@@ -73,9 +77,11 @@ class EngineRunner:
         speedup: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         idle_check: float = IDLE_CHECK,
+        max_lag: float = MAX_LAG,
     ) -> None:
         self.engine, self.live, self.metrics = engine, live, metrics
         self.speedup, self.idle_check = speedup, idle_check
+        self.max_lag = max_lag * speedup  # in model seconds
         engine.policy = live.policy
         engine.listener = self
         self._clock = clock
@@ -88,8 +94,9 @@ class EngineRunner:
     # ------------------------------------------------------------------ requests
 
     def now(self) -> float:
-        """Model time: the engine's clock, or wall time × speedup if that is later."""
-        return max(self.engine.now, self._wall())
+        """Model time: the engine's clock, or a little behind wall time × speedup if that
+        is later (never after the start of the engine's next step)."""
+        return max(self.engine.now, self._wall() - self.max_lag)
 
     def _wall(self) -> float:
         return (self._clock() - self._started) * self.speedup
@@ -129,6 +136,7 @@ class EngineRunner:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.idle_check)
+                engine.now = self.now()  # an idle engine's clock catches up at once
                 continue
             engine.now = self.now()
             plan = engine.step()

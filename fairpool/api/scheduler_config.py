@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fairpool.api.validation import validate
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policy import LocalPolicy
@@ -114,12 +115,7 @@ def parse_scheduler_config(data: object, source: str = "scheduler config") -> Sc
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, "must be a mapping")
-    try:
-        config = SchedulerConfig.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "document"
-        raise ConfigError(f"{source}: {field}", first["msg"]) from None
+    config = validate(SchedulerConfig, data, source)
     config.make_policy()  # parameters the policy refuses (quantum for vtc) fail here
     return config
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
 
 API_VERSION = "fairpool.io/v1alpha1"
@@ -64,12 +65,7 @@ def load_tenant_quotas(path: str | Path) -> list[TenantQuota]:
             raise ConfigError(where, "must be a mapping")
         if document.get("kind") != "TenantQuota":
             continue
-        try:
-            quota = TenantQuota.model_validate(document)
-        except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "document"
-            raise ConfigError(f"{where}: {field}", first["msg"]) from None
+        quota = validate(TenantQuota, document, where)
         if quota.tenant in seen:
             raise ConfigError(
                 f"{where}: spec.tenant",

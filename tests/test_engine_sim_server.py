@@ -234,6 +234,22 @@ def test_a_closed_stream_aborts_its_request_and_leaves_nothing_behind():
         assert server.sim.runner.engine.policy.served["default"] > 0  # what it got, it paid
 
 
+def test_a_waiting_request_whose_client_leaves_leaves_the_queue():
+    # Reserve admission: 300 KV tokens hold one request of 2 + 200 at a time.
+    options = SimOptions(profile="llama2-7b-a10g", memory_tokens=300, max_model_len=256)
+    with ServerThread(options) as server:
+        request = {"prompt": "hold on", "max_tokens": 200, "stream": True}
+        url = f"{server.url}/v1/completions"
+        with httpx.stream("POST", url, json=request) as running:
+            assert running.status_code == 200
+            with httpx.stream("POST", url, json={**request, **tenant("b")}) as waiting:
+                assert waiting.status_code == 200
+                policy = server.sim.runner.engine.policy
+                wait_until(lambda: policy.tenant_waiting("b") == 1)
+            wait_until(lambda: policy.waiting_count == 0 and server.sim.runner.in_flight == 1)
+        wait_until(lambda: drained(server))
+
+
 def test_a_client_that_gives_up_on_a_whole_response_aborts_it():
     with ServerThread(SimOptions(speedup=1.0)) as server:
         with pytest.raises(httpx.ReadTimeout):

@@ -189,3 +189,12 @@ def test_take_over_requires_an_empty_policy():
     busy.add(Request("r", "a", 1, 1))
     with pytest.raises(ConfigError):
         busy.take_over(make_policy("vtc"))
+
+
+def test_the_environment_names_the_file_and_a_policy_that_replaces_its_own(tmp_path, monkeypatch):
+    path = tmp_path / "scheduler.yaml"
+    write(path, "policy: vtc\ntenants: {a: 3}\n")
+    monkeypatch.setenv("FAIRPOOL_SCHEDULER_CONFIG", str(path))
+    monkeypatch.setenv("FAIRPOOL_SCHEDULER_POLICY", "fcfs")
+    live = LiveScheduler.from_environment()
+    assert live.config.policy == "fcfs" and live.policy.weights["a"] == 3

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fairpool.api.scheduler_config import (
     CONFIG_ENV,
+    POLICY_ENV,
     SchedulerConfig,
     load_scheduler_config,
     parse_scheduler_config,
@@ -56,7 +57,10 @@ class LiveScheduler:
 
     @classmethod
     def from_environment(cls) -> LiveScheduler:
-        return cls(os.environ.get(CONFIG_ENV) or None)
+        return cls(
+            os.environ.get(CONFIG_ENV) or None,
+            policy_override=os.environ.get(POLICY_ENV) or None,
+        )
 
     def maybe_reload(self) -> bool:
         """Re-read the file if it changed; True when a new configuration took effect."""

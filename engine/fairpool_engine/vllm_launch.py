@@ -10,7 +10,8 @@ an error naming the field, not a crash inside vLLM's engine process), then runs 
   `vllm_xargs.fairpool_*`);
 - `--enable-prompt-tokens-details`, so usage reports cached prompt tokens (the gateway
   corrects its charges with them);
-- FAIRPOOL_SCHEDULER_CONFIG pointing at the configuration;
+- FAIRPOOL_SCHEDULER_CONFIG pointing at the configuration (and FAIRPOOL_SCHEDULER_POLICY
+  for `--policy`, which then replaces the file's policy in every version of it);
 - PROMETHEUS_MULTIPROC_DIR set to a fresh directory, so the scheduler's per-tenant
   metrics (written in vLLM's engine process) appear on vLLM's `/metrics`.
 
@@ -29,7 +30,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from fairpool.api.scheduler_config import CONFIG_ENV, load_scheduler_config, parse_scheduler_config
+from fairpool.api.scheduler_config import CONFIG_ENV, POLICY_ENV
+from fairpool_engine.live import LiveScheduler
 
 SCHEDULER_CLS = "fairpool_engine.vllm_scheduler.FairScheduler"
 MIDDLEWARE = "fairpool_engine.vllm_middleware.TenantXargsMiddleware"
@@ -51,34 +53,20 @@ def vllm_command(model: str, vllm_args: Sequence[str]) -> list[str]:
     ]
 
 
-def resolve_config(config: str | None, policy: str | None, workdir: Path) -> Path | None:
-    """The configuration file vLLM will read: `config`, with `policy` overriding its
-    policy (written to `workdir`). Raises ConfigError naming the field."""
-    if config is None and policy is None:
-        return None
-    if policy is None:
-        assert config is not None
-        load_scheduler_config(config)
-        return Path(config).resolve()
-    document = load_scheduler_config(config).model_dump(by_alias=True) if config else {}
-    document["policy"] = policy
-    parse_scheduler_config(document, "--policy")
-    import yaml
-
-    path = workdir / "scheduler.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
-
-
 def run(model: str, vllm_args: Sequence[str], config: str | None, policy: str | None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fairpool-engine-"))
     try:
-        config_path = resolve_config(config or os.environ.get(CONFIG_ENV), policy, workdir)
+        config = config or os.environ.get(CONFIG_ENV)
+        # Checked here, where a bad file is an error naming the field, not a crash in
+        # vLLM's engine process. vLLM reads the same file and follows its changes.
+        LiveScheduler(config, policy_override=policy)
         metrics_dir = workdir / "metrics"
         metrics_dir.mkdir()
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
-        if config_path is not None:
-            env[CONFIG_ENV] = str(config_path)
+        if config is not None:
+            env[CONFIG_ENV] = str(Path(config).resolve())
+        if policy is not None:
+            env[POLICY_ENV] = policy
         child = subprocess.Popen(vllm_command(model, vllm_args), env=env)
 
         def forward(signum: int, _frame: object) -> None:

@@ -31,6 +31,8 @@ from fairpool.sched.registry import MEMORY_SAFE_SUFFIX, make_policy, policy_para
 
 #: Environment variable holding the path of the scheduler configuration file.
 CONFIG_ENV = "FAIRPOOL_SCHEDULER_CONFIG"
+#: Environment variable naming a policy that replaces the file's (`--policy`).
+POLICY_ENV = "FAIRPOOL_SCHEDULER_POLICY"
 #: The key in `vllm_xargs` / `SamplingParams.extra_args` that names the tenant.
 TENANT_XARG = "fairpool_tenant"
 #: Every key of ours in `vllm_xargs` starts with this; unknown ones are refused.

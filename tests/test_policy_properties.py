@@ -190,3 +190,55 @@ def test_memory_safe_admission_never_admits_a_set_that_can_overflow(
     admitted_any = len(snapshot.running) > len(running)
     if admitted_any:
         assert brute_force_peak(items) <= memory
+
+
+@dataclass
+class EpochView(EngineSnapshot):
+    """Hits that change only when the epoch advances, as the engines' views promise."""
+
+    epoch: int = 0
+
+    @property
+    def hit_epoch(self) -> int | None:
+        return self.epoch
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("arrive"), st.sampled_from(TENANTS), st.integers(0, 30)),
+            st.tuples(st.just("admit"), st.just(""), st.just(0)),
+            st.tuples(st.just("rehit"), st.just(""), st.integers(0, 10_000)),
+        ),
+        max_size=120,
+    ),
+    st.sampled_from(["lpm", "dlpm"]),
+)
+def test_longest_match_remembered_per_tenant_is_the_full_scan(events, name):
+    """LPM and DLPM remember each tenant's best request while hits stay the same; their
+    choice must be the request a scan of the whole queue in (−hit, arrival) order gives."""
+    policy = make_policy(name, **({"quantum": 50.0} if name == "dlpm" else {}))
+    view = EpochView(memory_tokens=10_000)
+    for index, (kind, tenant, value) in enumerate(events):
+        if kind == "arrive":
+            request = Request(f"r{index}", tenant, 40, 4)
+            view.hits[request.request_id] = value
+            policy.add(request)
+        elif kind == "rehit":  # the cache changed: new hits, new epoch
+            for offset, request_id in enumerate(sorted(view.hits)):
+                view.hits[request_id] = (value * (offset + 7)) % 31
+            view.epoch += 1
+        chosen = policy.next_request(view)
+        eligible = [
+            entry
+            for entry in policy.waiting()
+            if name == "lpm" or policy.deficits[entry.request.tenant] > 0  # type: ignore[attr-defined]
+        ]
+        expected = min(
+            eligible,
+            key=lambda entry: (-view.cached_tokens(entry.request), entry.order),
+            default=None,
+        )
+        assert chosen == (expected.request if expected else None)
+        if kind == "admit" and chosen is not None:
+            policy.admit(chosen.request_id, view.cached_tokens(chosen))

@@ -10,13 +10,17 @@ alone. Other versions are refused at start-up unless FAIRPOOL_ALLOW_UNTESTED_VLL
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
 import vllm
+from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
 SUPPORTED_VERSIONS = ("0.32.0",)
@@ -49,13 +53,47 @@ def check_version() -> str:
     return version
 
 
-def prefix_hit(kv_cache_manager: Any, request: Request) -> int:
-    """Prompt tokens the prefix cache would serve `request` now (whole blocks, capped
-    at the prompt length − 1). Side-effect free in vLLM 0.32."""
+def prefix_hit(kv_cache_manager: Any, request: Request, block_size: int) -> int:
+    """Prompt tokens the prefix cache would serve `request` now: whole blocks, capped at
+    the prompt length − 1, as `KVCacheManager.get_computed_blocks` counts them, without
+    its side effects (KV-cache events) and, for the usual single full-attention cache,
+    without its cost: the request's chained block hashes are looked up directly until
+    the first miss."""
     if request.num_computed_tokens:
         return int(request.num_computed_tokens)
-    result = kv_cache_manager.get_computed_blocks(request)
-    return int(result[1])  # (blocks, hit tokens[, shared prefix boundary])
+    if not kv_cache_manager.prefix_cache_lookup_enabled(request):
+        return 0
+    whole_blocks = (request.num_tokens - 1) // block_size
+    if whole_blocks <= 0:
+        return 0
+    cached = _plain_block_map(kv_cache_manager, block_size)
+    if cached is None:
+        return int(kv_cache_manager.get_computed_blocks(request)[1])
+    hits = 0
+    for block_hash in request.block_hashes[:whole_blocks]:
+        if cached.get_one_block(make_block_hash_with_group_id(block_hash, 0)) is None:
+            break
+        hits += 1
+    return hits * block_size
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_block_map(kv_cache_manager: Any, block_size: int) -> Any | None:
+    """The hash → cached block map, when one full-attention group with hashes per whole
+    block is all there is (no EAGLE block drop, no context parallelism); else None."""
+    coordinator = kv_cache_manager.coordinator
+    if type(coordinator) is not UnitaryKVCacheCoordinator:
+        return None
+    manager = coordinator.single_type_managers[0]
+    pool = kv_cache_manager.block_pool
+    plain = (
+        type(manager) is FullAttentionManager
+        and not manager.use_eagle
+        and manager.dcp_world_size == 1
+        and manager.pcp_world_size == 1
+        and manager.block_size == block_size == pool.hash_block_size
+    )
+    return pool.cached_block_hash_to_block if plain else None
 
 
 def kv_capacity_tokens(kv_cache_manager: Any, block_size: int) -> int:

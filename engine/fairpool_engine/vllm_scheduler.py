@@ -50,7 +50,8 @@ log = init_logger("vllm.fairpool")
 #: Optional JSON-lines file of scheduling events (add, admit, output, finish), for tests
 #: and for debugging an engine's decisions.
 TRACE_ENV = "FAIRPOOL_SCHEDULER_TRACE"
-#: Steps a waiting request's prefix hit is reused for ordering before it is looked up again.
+#: Steps a waiting request's prefix hit is reused for ordering before it is looked up again
+#: (one hit epoch).
 HIT_REFRESH_STEPS = 32
 
 
@@ -59,14 +60,18 @@ class VllmEngineView:
 
     def __init__(self, scheduler: FairSchedulingMixin) -> None:
         self._scheduler = scheduler
-        self._hits: dict[str, tuple[int, int]] = {}  # request id → (hit, step looked up)
+        self._hits: dict[str, int] = {}  # request id → hit, looked up in this hit epoch
         self._step = 0
+        self.hit_epoch = 0
         self._running: list[Running] | None = None
         self.mean_batch_time = 0.0
 
     def new_step(self, batch_time: float | None) -> None:
         self._step += 1
         self._running = None
+        if self._step % HIT_REFRESH_STEPS == 0:
+            self.hit_epoch += 1
+            self._hits.clear()
         if batch_time is not None:  # exponential mean over recent steps
             self.mean_batch_time += 0.1 * (batch_time - self.mean_batch_time)
 
@@ -101,19 +106,20 @@ class VllmEngineView:
         return self._running
 
     def cached_tokens(self, request: PolicyRequest) -> int:
-        """Prefix hit of a waiting request, for ordering (LPM, DLPM): looked up again
-        every HIT_REFRESH_STEPS steps, since ordering all of a long queue by fresh hits
+        """Prefix hit of a waiting request, for ordering (LPM, DLPM): looked up once per
+        hit epoch of HIT_REFRESH_STEPS steps, since ordering a long queue by fresh hits
         every step would cost more than the rest of vLLM's step. What a request is
         charged uses `fresh_hit`."""
-        known = self._hits.get(request.request_id)
-        if known is not None and self._step - known[1] < HIT_REFRESH_STEPS:
-            return known[0]
-        return self.fresh_hit(self._scheduler.requests[request.request_id])
+        hit = self._hits.get(request.request_id)
+        if hit is None:
+            hit = self._hits[request.request_id] = self.fresh_hit(
+                self._scheduler.requests[request.request_id]
+            )
+        return hit
 
     def fresh_hit(self, request: Request) -> int:
-        hit = prefix_hit(self._scheduler.kv_cache_manager, request)
-        self._hits[request.request_id] = (hit, self._step)
-        return hit
+        scheduler = self._scheduler
+        return prefix_hit(scheduler.kv_cache_manager, request, scheduler.block_size)
 
     def forget(self, request_id: str) -> None:
         self._hits.pop(request_id, None)
@@ -221,6 +227,7 @@ class FairSchedulingMixin:
                 new.req_id,
                 tenant=tenant_of(extra_args(self.requests[new.req_id])),
                 cached=actual,
+                estimated=estimate,
             )
 
     def _record(self, event: str, request_id: str, **fields: Any) -> None:

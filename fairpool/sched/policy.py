@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -71,6 +71,8 @@ class LocalPolicy(ABC):
         self._running: dict[str, Request] = {}
         self._running_per_tenant: dict[str, int] = defaultdict(int)
         self._arrivals = itertools.count()
+        # tenant → (hit epoch, its waiting request with the longest prefix match, its key)
+        self._longest_matches: dict[str, tuple[int, Waiting, tuple[int, int]]] = {}
         self._requeues = itertools.count(start=-1, step=-1)
 
     # ------------------------------------------------------------------ events
@@ -230,6 +232,29 @@ class LocalPolicy(ABC):
     def _best(self, entries: Iterator[Waiting], key: Callable[[Waiting], object]) -> Waiting | None:
         return min(entries, key=key, default=None)  # type: ignore[arg-type]
 
+    def _longest_match(self, view: EngineView, tenants: Iterable[str]) -> Waiting | None:
+        """The waiting request of `tenants` with the most cached prompt tokens (ties:
+        FCFS), the order LPM and DLPM admit in. Each tenant's own best is remembered
+        while its queue and the view's hits (`hit_epoch`) stay the same, so on a long
+        queue a pick costs O(tenants) rather than O(waiting requests)."""
+        epoch = view.hit_epoch
+
+        def key(entry: Waiting) -> tuple[int, int]:
+            return (-view.cached_tokens(entry.request), entry.order)
+
+        best: Waiting | None = None
+        best_key = (0, 0)
+        for tenant in tenants:
+            known = self._longest_matches.get(tenant)
+            if known is None or epoch is None or known[0] != epoch:
+                entry = min(self._queues[tenant], key=key)
+                known = (0 if epoch is None else epoch, entry, key(entry))
+                if epoch is not None:
+                    self._longest_matches[tenant] = known
+            if best is None or known[2] < best_key:
+                best, best_key = known[1], known[2]
+        return best
+
     # ------------------------------------------------------------------ internals
 
     def _charge(self, tenant: str, service: float) -> float:
@@ -238,6 +263,7 @@ class LocalPolicy(ABC):
         return service
 
     def _enqueue(self, entry: Waiting, front: bool) -> None:
+        self._longest_matches.pop(entry.request.tenant, None)
         queue = self._queues.setdefault(entry.request.tenant, deque())
         if front:
             queue.appendleft(entry)
@@ -247,6 +273,7 @@ class LocalPolicy(ABC):
 
     def _dequeue(self, entry: Waiting) -> None:
         tenant = entry.request.tenant
+        self._longest_matches.pop(tenant, None)
         queue = self._queues[tenant]
         if queue[0] is entry:
             queue.popleft()

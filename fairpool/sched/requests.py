@@ -107,6 +107,13 @@ class EngineView(Protocol):
         """Prompt tokens of `request` the prefix cache would serve right now."""
         ...
 
+    @property
+    def hit_epoch(self) -> int | None:
+        """A number that stays the same as long as every `cached_tokens` answer does,
+        so policies may reuse what they derived from hits; None if answers may change
+        at any time."""
+        ...
+
 
 @dataclass
 class EngineSnapshot:
@@ -124,3 +131,7 @@ class EngineSnapshot:
 
     def cached_tokens(self, request: Request) -> int:
         return min(self.hits.get(request.request_id, 0), request.prompt_tokens)
+
+    @property
+    def hit_epoch(self) -> int | None:
+        return None  # `hits` is a plain table anyone may change

@@ -144,6 +144,7 @@ class SimEngine:
         self.peak_memory = 0
         self._jobs: dict[str, _Job] = {}
         self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
+        self.hit_epoch = 0  # advances whenever `_hits` is forgotten
         self._held = 0  # Σ footprint over running jobs
         self._decode_room = 0  # tokens set aside for this step's decodes (paged)
         self._stalled = False
@@ -259,7 +260,7 @@ class SimEngine:
 
     def step(self) -> BatchPlan:
         """Run one iteration; advances `now` by its duration (by nothing if idle)."""
-        self._hits.clear()
+        self._forget_hits()
         if self.admission == "paged":
             self._decode_room = sum(
                 self._decode_growth(running) for running in self.running if running.decoding
@@ -398,7 +399,11 @@ class SimEngine:
         """Track the peak of what running requests hold (evictable cache excluded)."""
         self.peak_memory = max(self.peak_memory, self.memory_in_use)
 
+    def _forget_hits(self) -> None:
+        self._hits.clear()
+        self.hit_epoch += 1
+
     def _report_eviction(self, tokens: Sequence[int], keep: int, owners: object) -> None:
-        self._hits.clear()  # hits looked up earlier this step may have just been evicted
+        self._forget_hits()  # hits looked up earlier this step may have just been evicted
         if self.listener is not None:
             self.listener.evicted(self, tokens, keep)

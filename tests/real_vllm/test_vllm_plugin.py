@@ -154,6 +154,9 @@ def test_prefix_hits_are_not_charged(fair_server: Server):
         assert after - before == completion_service(usage)
     assert cached[0] == 0 and cached[1] >= 128  # whole 128-token blocks
     assert charged[1] == charged[0] - cached[1]
+    # The queue's own lookup of the hit (charged at admission) agreed with vLLM's.
+    admissions = [e for e in trace_events(fair_server) if e["event"] == "admit"]
+    assert [e["estimated"] for e in admissions[-2:]] == cached
 
 
 def test_streaming_and_non_streaming_chat_and_completions(fair_server: Server):

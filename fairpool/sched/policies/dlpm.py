@@ -81,9 +81,8 @@ class DLPM(LocalPolicy):
             return None
         if all(self.deficits[tenant] <= 0 for tenant in waiting):
             self._refill(waiting)
-        return self._best(
-            (entry for entry in self.waiting() if self.deficits[entry.request.tenant] > 0),
-            key=lambda entry: (-view.cached_tokens(entry.request), entry.order),
+        return self._longest_match(
+            view, (tenant for tenant in waiting if self.deficits[tenant] > 0)
         )
 
     def _refill(self, waiting: list[str]) -> None:

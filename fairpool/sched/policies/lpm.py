@@ -18,6 +18,4 @@ class LPM(LocalPolicy):
     name = "lpm"
 
     def _select(self, view: EngineView) -> Waiting | None:
-        return self._best(
-            self.waiting(), key=lambda entry: (-view.cached_tokens(entry.request), entry.order)
-        )
+        return self._longest_match(view, self._queues)

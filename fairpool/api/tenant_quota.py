@@ -1,37 +1,118 @@
-"""TenantQuota: who may use a pool, with what weight (API group fairpool.io/v1alpha1).
+"""TenantQuota: who may use which pools, with what weight, keys, limits and SLO (API group
+fairpool.io/v1alpha1, short name `tq`).
 
-This is the part of the resource that scheduling needs — the tenant and its weight. The
-operator's issue adds keys, pools, limits and the SLO class to the same model; fields it
-does not know yet are kept, not rejected, so newer manifests still load.
+```yaml
+apiVersion: fairpool.io/v1alpha1
+kind: TenantQuota
+metadata: {name: acme}
+spec:
+  tenant: acme                 # default: metadata.name
+  weight: 2                    # share of service relative to other tenants
+  pools: [chat]                # default: every pool
+  apiKeySecretRef: {name: acme-keys}   # every entry of the Secret is an API key
+  limits: {requestsPerMinute: 600, tokensPerMinute: 200000, concurrent: 32, queued: 64}
+  slo: {class: interactive, ttftSeconds: 0.5, tbtSeconds: 0.1}
+```
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from fairpool.api.validation import validate
-from fairpool.sched.errors import ConfigError
+from fairpool.api.common import DNS_LABEL, Metadata, Spec
 
-API_VERSION = "fairpool.io/v1alpha1"
-
-
-class Metadata(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
+SloClass = Literal["interactive", "standard", "batch"]
 
 
-class TenantQuotaSpec(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    tenant: str | None = Field(default=None, min_length=1)
-    weight: float = Field(default=1.0, gt=0)
+class SecretKeyRef(Spec):
+    """A Secret in the tenant's namespace holding its API keys."""
+
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the Secret holding the API keys."
+    )
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The one entry of the Secret that holds the key; by default every "
+        "entry is an API key (so keys can be rotated by adding the new one first).",
+    )
+
+
+class TenantLimits(Spec):
+    """Hard limits the gateway enforces with 429 and Retry-After; absent means unlimited."""
+
+    requests_per_minute: int | None = Field(
+        default=None, ge=1, alias="requestsPerMinute", description="Requests accepted per minute."
+    )
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        alias="tokensPerMinute",
+        description="Prompt plus completion tokens per minute (estimated on arrival, "
+        "corrected with the engine's reported usage).",
+    )
+    concurrent: int | None = Field(
+        default=None, ge=1, description="Requests in progress at once (queued ones included)."
+    )
+    queued: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests waiting in the gateway's fair queue for a free worker.",
+    )
+
+
+class ServiceLevel(Spec):
+    """The latency the tenant expects; the engines' SLO-aware policies read the targets."""
+
+    slo_class: SloClass = Field(
+        default="standard",
+        alias="class",
+        description="interactive (tight time to first token), standard, or batch.",
+    )
+    ttft_seconds: float | None = Field(
+        default=None, gt=0, alias="ttftSeconds", description="Target time to first token."
+    )
+    tbt_seconds: float | None = Field(
+        default=None, gt=0, alias="tbtSeconds", description="Target time between tokens."
+    )
+
+
+class TenantQuotaSpec(Spec):
+    tenant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description="Tenant id used in metrics and by the engines' schedulers; "
+        "default: the resource's name.",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Share of service relative to other tenants: weight 2 is entitled to "
+        "twice the tokens of weight 1 when both are backlogged.",
+    )
+    pools: list[str] = Field(
+        default_factory=list,
+        description="InferencePools this tenant may use; empty means every pool.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        alias="apiKeySecretRef",
+        description="Secret with the tenant's API keys (Authorization: Bearer KEY).",
+    )
+    limits: TenantLimits = Field(default_factory=TenantLimits, description="Hard limits.")
+    slo: ServiceLevel = Field(default_factory=ServiceLevel, description="Latency targets.")
+
+    def may_use(self, pool: str) -> bool:
+        return not self.pools or pool in self.pools
 
 
 class TenantQuota(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True)  # status and the like
     api_version: Literal["fairpool.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["TenantQuota"]
     metadata: Metadata
@@ -40,40 +121,6 @@ class TenantQuota(BaseModel):
     @property
     def tenant(self) -> str:
         return self.spec.tenant or self.metadata.name
-
-
-def load_tenant_quotas(path: str | Path) -> list[TenantQuota]:
-    """Every TenantQuota in a (multi-document) YAML file; other kinds are skipped.
-
-    Errors name the file, the document and the field: `tenants.yaml, document 2:
-    spec.weight: Input should be greater than 0`.
-    """
-    source = Path(path)
-    if not source.exists():
-        raise ConfigError("--tenants", f"no such file: {source}")
-    try:
-        documents = list(yaml.safe_load_all(source.read_text()))
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{source.name}", f"not valid YAML: {error}") from None
-    quotas: list[TenantQuota] = []
-    seen: dict[str, int] = {}
-    for number, document in enumerate(documents, start=1):
-        if document is None:
-            continue
-        where = f"{source.name}, document {number}"
-        if not isinstance(document, dict):
-            raise ConfigError(where, "must be a mapping")
-        if document.get("kind") != "TenantQuota":
-            continue
-        quota = validate(TenantQuota, document, where)
-        if quota.tenant in seen:
-            raise ConfigError(
-                f"{where}: spec.tenant",
-                f"tenant {quota.tenant!r} is already defined in document {seen[quota.tenant]}",
-            )
-        seen[quota.tenant] = number
-        quotas.append(quota)
-    return quotas
 
 
 def tenant_weights(quotas: list[TenantQuota]) -> dict[str, float]:

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from fairpool.api.tenant_quota import load_tenant_quotas, tenant_weights
+from fairpool.api.manifests import load_tenant_quotas
+from fairpool.api.tenant_quota import tenant_weights
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.fleet import Fleet, FleetConfig

@@ -1,0 +1,211 @@
+"""InferencePool: a pool of model servers that tenants share (API group fairpool.io/v1alpha1,
+short name `fpool`; not the Gateway API Inference Extension's InferencePool).
+
+```yaml
+apiVersion: fairpool.io/v1alpha1
+kind: InferencePool
+metadata: {name: chat}
+spec:
+  model: {name: llama-3-8b, source: {path: /models/llama-3-8b}, maxModelLen: 8192}
+  engine: {kind: vllm, resources: {gpus: 1}}     # or kind: sim (fairpool engine-sim)
+  replicas: 2
+  scheduler: {policy: dlpm, quantum: 2048}        # inside each engine
+  routing: {policy: d2lpm, workerQuantum: 8192}   # across the replicas, at the gateway
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from fairpool.api.common import Metadata, Spec
+from fairpool.api.scheduler_config import CostWeights
+from fairpool.sched.errors import ConfigError
+from fairpool.sched.registry import ROUTERS, policy_parameters
+from fairpool.sched.routers.d2lpm import DEFAULT_WORKER_QUANTUM
+
+EngineKind = Literal["vllm", "sim"]
+
+
+class PersistentVolumeSource(Spec):
+    claim_name: str = Field(
+        min_length=1, alias="claimName", description="PersistentVolumeClaim holding the model."
+    )
+    sub_path: str | None = Field(
+        default=None, alias="subPath", description="Directory of the model inside the volume."
+    )
+
+
+class ModelSource(Spec):
+    """Where the engine loads weights from: exactly one of path, pvc and hub."""
+
+    path: str | None = Field(default=None, min_length=1, description="Directory on the node.")
+    pvc: PersistentVolumeSource | None = Field(default=None, description="A volume claim.")
+    hub: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A model hub id (e.g. meta-llama/Llama-3.1-8B), for clusters that can "
+        "reach the hub.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        given = [name for name in ("path", "pvc", "hub") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, pvc, hub (got {given or 'none'})")
+        return self
+
+
+class ModelSpec(Spec):
+    name: str = Field(
+        min_length=1, description="Served model name: what clients put in the `model` field."
+    )
+    source: ModelSource | None = Field(
+        default=None, description="Where the weights are (not needed for engine kind sim)."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, alias="maxModelLen", description="Longest prompt plus output."
+    )
+
+
+class Resources(Spec):
+    gpus: int = Field(default=0, ge=0, le=16, description="GPUs per replica (nvidia.com/gpu).")
+    cpu: str | None = Field(default=None, description="CPU request and limit, e.g. '4'.")
+    memory: str | None = Field(default=None, description="Memory request and limit, e.g. 32Gi.")
+
+
+class SimEngine(Spec):
+    """Options of the simulated engine (`fairpool engine-sim`)."""
+
+    profile: str = Field(default="llama3-8b-h100", description="Hardware/model profile.")
+    speedup: float = Field(default=1.0, gt=0, description="Run this many times real time.")
+    memory_tokens: int | None = Field(
+        default=None, ge=1, alias="memoryTokens", description="KV-cache size in tokens."
+    )
+
+
+class EngineSpec(Spec):
+    kind: EngineKind = Field(
+        default="vllm", description="vllm (vLLM with fairpool's scheduler) or sim."
+    )
+    image: str | None = Field(default=None, description="Engine image; default from the chart.")
+    extra_args: list[str] = Field(
+        default_factory=list, alias="extraArgs", description="More command-line arguments."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Per replica.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, alias="nodeSelector", description="Node labels replicas need."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes tolerations of the engine pods."
+    )
+    sim: SimEngine = Field(default_factory=SimEngine, description="For kind sim only.")
+
+
+class PoolScheduler(Spec):
+    """The fair scheduler inside every engine of the pool."""
+
+    policy: str = Field(
+        default="dlpm", description="dlpm, vtc, lpm, fcfs, ... (any engine policy)."
+    )
+    memory_safe: bool = Field(
+        default=False, alias="memorySafe", description="Admit only what can never overflow KV."
+    )
+    quantum: float | None = Field(
+        default=None, gt=0, description="DLPM's quantum Q in service units (dlpm only)."
+    )
+    cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        try:
+            policy_parameters(name)
+        except ConfigError as error:
+            raise ValueError(error.problem) from None
+        return name
+
+
+class Saturation(Spec):
+    """When a worker counts as full: new requests then wait in the gateway's fair queue."""
+
+    max_outstanding: int = Field(
+        default=64,
+        ge=1,
+        alias="maxOutstanding",
+        description="Requests the gateway has in flight on one worker.",
+    )
+    max_waiting: int = Field(
+        default=8,
+        ge=0,
+        alias="maxWaiting",
+        description="Requests waiting in the engine's own queue (vllm:num_requests_waiting).",
+    )
+    max_kv_usage: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        alias="maxKvUsage",
+        description="Fraction of KV cache in use (vllm:kv_cache_usage_perc).",
+    )
+
+
+class RoutingSpec(Spec):
+    """How the gateway spreads requests over the pool's replicas."""
+
+    policy: str = Field(default="d2lpm", description="d2lpm, cache_aware, least_load, ...")
+    worker_quantum: float = Field(
+        default=DEFAULT_WORKER_QUANTUM,
+        gt=0,
+        alias="workerQuantum",
+        description="D2LPM's per-worker quantum Q^w in service units.",
+    )
+    saturation: Saturation = Field(default_factory=Saturation, description="Full workers.")
+    queue_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        alias="queueTimeoutSeconds",
+        description="Longest a request waits in the gateway's fair queue before a 429.",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_router(cls, name: str) -> str:
+        if name not in ROUTERS:
+            raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
+        return name
+
+
+class InferencePoolSpec(Spec):
+    model: ModelSpec = Field(description="The model the pool serves.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="The model servers.")
+    replicas: int = Field(default=1, ge=0, le=1024, description="Engine replicas.")
+    scheduler: PoolScheduler = Field(
+        default_factory=PoolScheduler, description="Fair scheduling inside each engine."
+    )
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, description="Routing across replicas at the gateway."
+    )
+    placement: dict[str, Any] | None = Field(
+        default=None, description="Pipeline placement over mixed GPUs (see docs/placement)."
+    )
+
+    @model_validator(mode="after")
+    def _vllm_needs_weights(self) -> InferencePoolSpec:
+        if self.engine.kind == "vllm" and self.model.source is None:
+            raise ValueError("model.source is required for engine kind vllm")
+        return self
+
+
+class InferencePool(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)  # status and the like
+    api_version: Literal["fairpool.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["InferencePool"]
+    metadata: Metadata
+    spec: InferencePoolSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name

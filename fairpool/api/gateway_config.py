@@ -1,0 +1,237 @@
+"""The gateway's configuration: its pools (with where their workers are) and its tenant table.
+
+`fairpool up` writes it from the manifests; in Kubernetes the operator renders it into the
+gateway's tenant-table Secret. The gateway re-reads the file when it changes, so a new
+tenant, weight or key takes effect without a restart.
+
+```yaml
+listen: {host: 0.0.0.0, port: 8080}
+admin: {host: 127.0.0.1, port: 8081}
+pools:
+  - name: chat
+    model: llama-3-8b                       # served model name clients ask for
+    routing: {policy: d2lpm, workerQuantum: 8192}
+    workers: {urls: [http://10.0.0.5:8000, http://10.0.0.6:8000]}
+tenants:
+  - tenant: acme
+    weight: 2
+    pools: [chat]
+    apiKeySha256: [9f86d081884c7d65...]     # SHA-256 of each key, hex; never the key
+    limits: {requestsPerMinute: 600, concurrent: 32}
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from fairpool.api.common import Spec
+from fairpool.api.inference_pool import RoutingSpec
+from fairpool.api.manifests import Manifests
+from fairpool.api.scheduler_config import CostWeights
+from fairpool.api.tenant_quota import SecretKeyRef, ServiceLevel, TenantLimits
+from fairpool.api.validation import validate
+from fairpool.sched.errors import ConfigError
+
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def key_digest(key: str) -> str:
+    """What the gateway stores of an API key: its SHA-256, hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Address(Spec):
+    host: str = Field(default="127.0.0.1", description="Interface to listen on.")
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0: any free port).")
+
+
+class KubernetesWorkers(Spec):
+    """The ready endpoints of the pool's headless Service, from its EndpointSlices."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the Service.")
+    service: str = Field(min_length=1, description="Name of the pool's headless Service.")
+    port_name: str = Field(default="http", alias="portName", description="Named port to use.")
+
+
+class WorkerSource(Spec):
+    """Where a pool's workers are: exactly one of urls, file and kubernetes."""
+
+    urls: list[str] | None = Field(default=None, description="Base URLs, e.g. http://h:8000.")
+    file: str | None = Field(
+        default=None, description="A file of base URLs, one per line, re-read on change."
+    )
+    kubernetes: KubernetesWorkers | None = Field(default=None, description="Watched endpoints.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> WorkerSource:
+        given = [name for name in ("urls", "file", "kubernetes") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of urls, file, kubernetes (got {given or 'none'})")
+        for url in self.urls or ():
+            check_worker_url(url)
+        return self
+
+
+def check_worker_url(url: str) -> str:
+    if not re.match(r"^https?://[^/\s]+/?$", url):
+        raise ValueError(f"worker URL must look like http://host:port, got {url!r}")
+    return url.rstrip("/")
+
+
+class GatewayPool(Spec):
+    name: str = Field(min_length=1, description="The InferencePool's name.")
+    model: str = Field(min_length=1, description="Served model name that selects this pool.")
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Worker choice.")
+    cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
+    workers: WorkerSource = Field(description="Where the pool's workers are.")
+
+
+class GatewayTenant(Spec):
+    tenant: str = Field(min_length=1, description="Tenant id.")
+    weight: float = Field(default=1.0, gt=0, description="Share of service.")
+    pools: list[str] = Field(default_factory=list, description="Pools allowed; empty: all.")
+    api_key_sha256: list[str] = Field(
+        default_factory=list, alias="apiKeySha256", description="SHA-256 (hex) of each API key."
+    )
+    api_key_files: list[str] = Field(
+        default_factory=list,
+        alias="apiKeyFiles",
+        description="Files holding API keys, one per line (a mounted Secret).",
+    )
+    limits: TenantLimits = Field(default_factory=TenantLimits, description="Hard limits.")
+    slo: ServiceLevel = Field(default_factory=ServiceLevel, description="Latency targets.")
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, digests: list[str]) -> list[str]:
+        for digest in digests:
+            if not SHA256_HEX.match(digest):
+                raise ValueError("each entry must be 64 lowercase hex digits (a SHA-256)")
+        return digests
+
+    def may_use(self, pool: str) -> bool:
+        return not self.pools or pool in self.pools
+
+
+class Timeouts(Spec):
+    """Seconds; every upstream call has one."""
+
+    connect: float = Field(default=2.0, gt=0, description="Connecting to a worker.")
+    first_byte: float = Field(
+        default=300.0, gt=0, alias="firstByte", description="Until the worker starts answering."
+    )
+    idle: float = Field(default=60.0, gt=0, description="Between two chunks of a stream.")
+    health: float = Field(default=1.0, gt=0, description="A health or metrics poll.")
+
+
+class GatewayConfig(Spec):
+    listen: Address = Field(default_factory=Address, description="The tenant API.")
+    admin: Address = Field(
+        default_factory=lambda: Address(port=8081), description="The admin API (keep private)."
+    )
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts.")
+    health_interval: float = Field(
+        default=0.5, gt=0, le=10, alias="healthInterval", description="Seconds between polls."
+    )
+    max_request_bytes: int = Field(
+        default=4 << 20, ge=1024, alias="maxRequestBytes", description="Largest request body."
+    )
+    max_tree_chars: int = Field(
+        default=1 << 24,
+        ge=1024,
+        alias="maxTreeChars",
+        description="Characters of prompt text the routing prefix tree of a pool may hold.",
+    )
+    pools: list[GatewayPool] = Field(default_factory=list, description="Pools served.")
+    tenants: list[GatewayTenant] = Field(default_factory=list, description="Tenant table.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayConfig:
+        names = [pool.name for pool in self.pools]
+        models = [pool.model for pool in self.pools]
+        for label, values in (("pool name", names), ("model", models)):
+            duplicates = sorted({value for value in values if values.count(value) > 1})
+            if duplicates:
+                raise ValueError(f"{label} {duplicates[0]!r} is used by two pools")
+        tenants = [tenant.tenant for tenant in self.tenants]
+        duplicates = sorted({tenant for tenant in tenants if tenants.count(tenant) > 1})
+        if duplicates:
+            raise ValueError(f"tenant {duplicates[0]!r} is defined twice")
+        for tenant in self.tenants:
+            unknown = sorted(set(tenant.pools) - set(names))
+            if unknown:
+                raise ValueError(f"tenant {tenant.tenant!r} names unknown pool {unknown[0]!r}")
+        return self
+
+    def pool_for_model(self, model: str) -> GatewayPool | None:
+        return next((pool for pool in self.pools if pool.model == model), None)
+
+
+def load_gateway_config(path: str | Path, option: str = "--config") -> GatewayConfig:
+    source = Path(path)
+    if not source.is_file():
+        raise ConfigError(option, f"no such file: {source}")
+    try:
+        document = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(source.name, f"not valid YAML: {error}") from None
+    return validate(GatewayConfig, document or {}, source.name)
+
+
+def gateway_config_from_manifests(
+    manifests: Manifests, workers: dict[str, list[str]], **settings: object
+) -> GatewayConfig:
+    """The gateway configuration the manifests describe, with each pool's worker URLs.
+
+    API keys are read from the Secrets the TenantQuotas reference and kept as digests.
+    """
+    pools = [
+        GatewayPool(
+            name=pool.name,
+            model=pool.spec.model.name,
+            routing=pool.spec.routing,
+            cost=pool.spec.scheduler.cost,
+            workers=WorkerSource(urls=workers.get(pool.name, [])),
+        )
+        for pool in manifests.pools
+    ]
+    tenants = []
+    for quota in manifests.quotas:
+        where = f"TenantQuota {quota.metadata.name}: spec.apiKeySecretRef"
+        keys = api_keys(manifests, quota.spec.api_key_secret_ref, where)
+        tenants.append(
+            GatewayTenant(
+                tenant=quota.tenant,
+                weight=quota.spec.weight,
+                pools=quota.spec.pools,
+                apiKeySha256=sorted({key_digest(key) for key in keys}),
+                limits=quota.spec.limits,
+                slo=quota.spec.slo,
+            )
+        )
+    document = {"pools": pools, "tenants": tenants, **settings}
+    return validate(GatewayConfig, document, "gateway configuration")
+
+
+def api_keys(manifests: Manifests, reference: SecretKeyRef | None, where: str) -> list[str]:
+    """The keys a TenantQuota's secret reference names (none without a reference)."""
+    if reference is None:
+        return []
+    secret = manifests.secrets.get(reference.name)
+    if secret is None:
+        raise ConfigError(where, f"no Secret named {reference.name!r} among the manifests")
+    values = secret.values()
+    if reference.key is not None:
+        if reference.key not in values:
+            raise ConfigError(where, f"Secret {reference.name!r} has no entry {reference.key!r}")
+        values = {reference.key: values[reference.key]}
+    keys = [value.strip() for value in values.values() if value.strip()]
+    if not keys:
+        raise ConfigError(where, f"Secret {reference.name!r} holds no API key")
+    return keys

@@ -59,6 +59,19 @@ def test_first_request_refills_every_worker() -> None:
     assert deficits(router, "b") == dict.fromkeys(W4, 0.0)  # per tenant
 
 
+def test_completion_corrects_the_input_charge_to_what_the_engine_computed() -> None:
+    router = D2LPM(W4, worker_quantum=1000, cost=CostModel(1.0, 2.0))
+    request_id = send(router, [1, 2, 3], tokens=300)  # charged 300 at dispatch
+    worker = router.in_flight(request_id)
+    assert worker is not None
+    assert router.deficits["a"][worker] == 700.0
+    # The engine found 200 of the 300 prompt tokens cached and generated 10.
+    router.complete(request_id, output_tokens=10, uncached_input=100)
+    assert router.deficits["a"][worker] == 1000.0 - 100 - 2 * 10
+    with pytest.raises(ConfigError, match="uncached_input"):
+        router.complete(send(router, [9]), uncached_input=-1)
+
+
 def test_empty_match_load_balances_over_workers_with_credit() -> None:
     router = D2LPM(W4, worker_quantum=100)
     chosen = [to(router, [i, 0, 0], tokens=10) for i in range(4)]  # distinct first tokens

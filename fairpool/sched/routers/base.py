@@ -4,7 +4,8 @@ A router tracks the pool's workers (outstanding requests it dispatched, KV usage
 engines report), and is told of dispatches, completions and cache evictions:
 
 - `route(request)` picks a worker and counts the request as outstanding there;
-- `complete(request_id, output_tokens)` when the answer is done (or failed);
+- `complete(request_id, output_tokens, uncached_input)` when the answer is done (or failed),
+  with the engine's count of prompt tokens it did not find cached, if it reported one;
 - `evicted(key, worker)` when a worker reports a prefix gone from its cache;
 - `update_load(worker, ...)` with what a worker's metrics say;
 - `add_worker` / `remove_worker` as the pool changes.
@@ -57,6 +58,7 @@ class WorkerState:
 class _InFlight:
     worker_id: str
     tenant: str
+    input_tokens: int  # charged at dispatch, as the router estimated them
     orphaned: bool = False  # its worker left the pool while it was in flight
 
 
@@ -107,20 +109,29 @@ class Router(ABC):
         state = self.workers[worker_id]
         state.outstanding += 1
         state.dispatched += 1
-        self._in_flight[request.request_id] = _InFlight(worker_id, request.tenant)
+        self._in_flight[request.request_id] = _InFlight(
+            worker_id, request.tenant, request.input_tokens
+        )
         self._dispatched(request, worker_id)
         return worker_id
 
-    def complete(self, request_id: str, output_tokens: int = 0) -> None:
-        """The request finished (or failed) after producing `output_tokens`."""
+    def complete(
+        self, request_id: str, output_tokens: int = 0, uncached_input: int | None = None
+    ) -> None:
+        """The request finished (or failed) after producing `output_tokens`. When the engine
+        reported how many prompt tokens it computed (`uncached_input`: prompt − cached),
+        the input charged at dispatch is corrected to it."""
         require_count("output_tokens", output_tokens)
+        if uncached_input is not None:
+            require_count("uncached_input", uncached_input)
         flight = self._in_flight.pop(request_id, None)
         if flight is None:
             raise ConfigError("request_id", f"{request_id!r} is not in flight")
         if flight.orphaned:
             return
         self.workers[flight.worker_id].outstanding -= 1
-        self._completed(flight.tenant, flight.worker_id, output_tokens)
+        input_correction = 0 if uncached_input is None else uncached_input - flight.input_tokens
+        self._completed(flight.tenant, flight.worker_id, output_tokens, input_correction)
 
     def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:
         """`worker_id` dropped `key` (beyond `keep` elements) from its prefix cache."""
@@ -138,8 +149,11 @@ class Router(ABC):
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
         """`request` was sent to `worker_id`."""
 
-    def _completed(self, tenant: str, worker_id: str, output_tokens: int) -> None:
-        """A request of `tenant` on `worker_id` completed."""
+    def _completed(
+        self, tenant: str, worker_id: str, output_tokens: int, input_correction: int
+    ) -> None:
+        """A request of `tenant` on `worker_id` completed; its input was
+        `input_correction` tokens more (or, negative, fewer) than charged at dispatch."""
 
     def _least_loaded(self, candidates: Iterable[str]) -> str:
         """Fewest outstanding requests; ties by KV usage, then fewest ever dispatched."""

@@ -9,7 +9,9 @@ Algorithm 2. Each (tenant, worker) pair has a deficit q[i,w] with quantum Q^w:
   tenant has credit; if the tenant has no credit anywhere, every worker is refilled by Q^w
   (repeatedly, until one is positive) first.
 - Dispatch charges w_e × the full input length to q[i,w] (line 16) — the router cannot know
-  the worker's cache hit — and completion charges w_q × the output tokens (line 22).
+  the worker's cache hit — and completion charges w_q × the output tokens (line 22). Where
+  the engine reports its usage (the gateway), completion also corrects the input charge to
+  the uncached tokens the worker actually computed, so deficits follow real service.
 - The tree is updated at dispatch (line 18) and pruned on eviction reports (line 27).
 
 A backlogged tenant thus spreads over all workers once it has used Q^w on its favourites;
@@ -151,8 +153,11 @@ class D2LPM(PrefixRouter):
         super()._dispatched(request, worker_id)
         self.deficits[request.tenant].charge(worker_id, self.cost.service(request.input_tokens, 0))
 
-    def _completed(self, tenant: str, worker_id: str, output_tokens: int) -> None:
-        self.deficits[tenant].charge(worker_id, self.cost.decode(output_tokens))
+    def _completed(
+        self, tenant: str, worker_id: str, output_tokens: int, input_correction: int
+    ) -> None:
+        service = self.cost.decode(output_tokens) + self.cost.extend_weight * input_correction
+        self.deficits[tenant].charge(worker_id, service)
 
     def add_worker(self, worker_id: str) -> None:
         joins = worker_id not in self.workers

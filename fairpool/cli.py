@@ -132,6 +132,19 @@ def _parser() -> argparse.ArgumentParser:
     sim_options.add_arguments(engine_sim)
     engine_sim.set_defaults(handler=_engine_sim)
 
+    gateway = commands.add_parser(
+        "gateway",
+        help="the tenant-facing OpenAI API: keys, limits, fair queue, D2LPM routing",
+        description="Serves the OpenAI API to tenants in front of the pools' model servers. "
+        "See docs/gateway.md for the configuration file.",
+    )
+    gateway.add_argument("--config", required=True, metavar="FILE", help="gateway configuration")
+    gateway.add_argument("--host", help="tenant API interface (default: the configuration's)")
+    gateway.add_argument("--port", type=int, help="tenant API port (default: the configuration's)")
+    gateway.add_argument("--admin-port", type=int, help="admin API port (metrics, tenant state)")
+    gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    gateway.set_defaults(handler=_gateway)
+
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
@@ -229,6 +242,14 @@ def _engine_sim(args: argparse.Namespace) -> int:
     from fairpool_engine.sim_server import serve
 
     return serve(sim_options.from_args(args))
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from fairpool_gateway.server import configure_logging, serve
+
+    configure_logging(args.log_level)
+    serve(args.config, args.host, args.port, args.admin_port)
+    return 0
 
 
 def _wide_console() -> Console:

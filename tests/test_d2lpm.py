@@ -72,6 +72,13 @@ def test_completion_corrects_the_input_charge_to_what_the_engine_computed() -> N
         router.complete(send(router, [9]), uncached_input=-1)
 
 
+def test_matches_shorter_than_min_match_count_as_none() -> None:
+    router = D2LPM(["w0", "w1"], worker_quantum=1000, min_match=8)
+    assert to(router, "Manual A: the whole of part A") == "w0"
+    assert to(router, "Manual B: the whole of part B") == "w1"  # 7 shared chars: no match
+    assert to(router, "Manual A: the whole of part A, again") == "w0"
+
+
 def test_empty_match_load_balances_over_workers_with_credit() -> None:
     router = D2LPM(W4, worker_quantum=100)
     chosen = [to(router, [i, 0, 0], tokens=10) for i in range(4)]  # distinct first tokens

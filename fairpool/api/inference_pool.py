@@ -162,6 +162,13 @@ class RoutingSpec(Spec):
         alias="workerQuantum",
         description="D2LPM's per-worker quantum Q^w in service units.",
     )
+    min_match_chars: int = Field(
+        default=64,
+        ge=0,
+        alias="minMatchChars",
+        description="Shorter prompt-prefix matches are ignored: about one 16-token KV block "
+        "of text, the least an engine can reuse.",
+    )
     saturation: Saturation = Field(default_factory=Saturation, description="Full workers.")
     queue_timeout_seconds: float = Field(
         default=60.0,

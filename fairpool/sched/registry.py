@@ -66,6 +66,11 @@ def policy_parameters(name: str) -> set[str]:
     return _accepted_parameters(_lookup("policy", base, POLICIES)) - {"cost", "weights"}
 
 
+def router_parameters(name: str) -> set[str]:
+    """The options router `name` takes besides its workers, cost and weights."""
+    return _accepted_parameters(_lookup("router", name, ROUTERS)) - {"workers", "cost", "weights"}
+
+
 def policy_names() -> list[str]:
     return [*POLICIES, *(f"{name}{MEMORY_SAFE_SUFFIX}" for name in POLICIES if name != "mcsf")]
 

@@ -178,9 +178,15 @@ class PrefixRouter(Router):
     """A router that keeps an approximate prefix tree of what it sent where."""
 
     def __init__(
-        self, workers: Iterable[str] = (), max_tree_tokens: int = DEFAULT_TREE_TOKENS
+        self,
+        workers: Iterable[str] = (),
+        max_tree_tokens: int = DEFAULT_TREE_TOKENS,
+        min_match: int = 0,
     ) -> None:
         self.tree = RadixTree(max_tokens=require_count("max_tree_tokens", max_tree_tokens, 1))
+        #: Shorter matches count as none: an engine reuses whole KV blocks only, so a few
+        #: shared characters ("You are") are no reason to pick a worker.
+        self.min_match = require_count("min_match", min_match)
         super().__init__(workers)
 
     def remove_worker(self, worker_id: str) -> None:
@@ -196,4 +202,6 @@ class PrefixRouter(Router):
     def _longest_match(self, request: RouteRequest) -> tuple[int, list[str]]:
         """Longest cached prefix of the key and the live workers holding all of it."""
         match = self.tree.match(request.key)
+        if match.length < self.min_match:
+            return 0, []
         return match.length, [w for w in match.owners if isinstance(w, str) and w in self.workers]

@@ -31,6 +31,7 @@ class CacheAware(PrefixRouter):
         balance_abs_threshold: float = 64,
         balance_rel_threshold: float = 1.5,
         max_tree_tokens: int = DEFAULT_TREE_TOKENS,
+        min_match: int = 0,
     ) -> None:
         threshold = require_non_negative("cache_threshold", cache_threshold)
         if threshold > 1:
@@ -42,7 +43,7 @@ class CacheAware(PrefixRouter):
         self.balance_rel_threshold = require_positive(
             "balance_rel_threshold", balance_rel_threshold
         )
-        super().__init__(workers, max_tree_tokens)
+        super().__init__(workers, max_tree_tokens, min_match)
 
     def is_imbalanced(self) -> bool:
         loads = [state.outstanding for state in self.workers.values()]

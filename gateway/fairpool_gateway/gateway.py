@@ -1,0 +1,152 @@
+"""The gateway's state: configuration, tenant table, pools, limits and metrics, and the
+re-reading of the configuration file while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
+from fairpool.sched.errors import ConfigError
+from fairpool_gateway.limits import TenantLimiter
+from fairpool_gateway.metrics import GatewayMetrics
+from fairpool_gateway.pool import Pool
+from fairpool_gateway.tenants import TenantTable
+
+log = logging.getLogger("fairpool.gateway")
+RELOAD_INTERVAL = 1.0
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, config_path: str | Path | None = None) -> None:
+        self.config = config
+        self.config_path = Path(config_path) if config_path else None
+        self.tenants = TenantTable(config)
+        self.limiter = TenantLimiter()
+        self.metrics = GatewayMetrics()
+        self.metrics.add_state(self._deficits, self._queues, self._workers)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        self.client = httpx.AsyncClient(limits=limits, timeout=None)
+        self.pools: dict[str, Pool] = {}
+        self._by_model: dict[str, Pool] = {}
+        self._reloader: asyncio.Task[None] | None = None
+        self._config_stamp = _stamp(self.config_path)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._apply_pools(self.config)
+        if self.config_path is not None:
+            self._reloader = asyncio.create_task(self._watch_config())
+
+    async def stop(self) -> None:
+        if self._reloader is not None:
+            self._reloader.cancel()
+        for pool in self.pools.values():
+            await pool.stop()
+        await self.client.aclose()
+
+    @property
+    def ready(self) -> bool:
+        """Every pool has a worker in rotation."""
+        return bool(self.pools) and all(pool.router.workers for pool in self.pools.values())
+
+    def pool_for_model(self, model: str) -> Pool | None:
+        return self._by_model.get(model)
+
+    # ------------------------------------------------------------------ reload
+
+    def reload(self, config: GatewayConfig) -> None:
+        """Apply a new configuration: tenants, keys, weights and limits at once; pools
+        added, removed, or rebuilt where their spec changed (their routing state restarts)."""
+        self.tenants = TenantTable(config)
+        self._apply_pools(config)
+        self.config = config
+        log.info(
+            "configuration reloaded: %d pools, %d tenants", len(self.pools), len(config.tenants)
+        )
+
+    def _apply_pools(self, config: GatewayConfig) -> None:
+        weights = self.tenants.weights()
+        wanted = {spec.name: spec for spec in config.pools}
+        for name in list(self.pools):
+            pool = self.pools[name]
+            if name not in wanted or pool.spec != wanted[name]:
+                asyncio.get_running_loop().create_task(pool.stop())
+                del self.pools[name]
+        for name, spec in wanted.items():
+            if name not in self.pools:
+                pool = Pool(spec, config, weights, self.client)
+                pool.start()
+                self.pools[name] = pool
+            self.pools[name].set_weights(weights)
+        self._by_model = {pool.spec.model: pool for pool in self.pools.values()}
+
+    async def _watch_config(self) -> None:
+        assert self.config_path is not None
+        while True:
+            await asyncio.sleep(RELOAD_INTERVAL)
+            stamp = _stamp(self.config_path)
+            if stamp == self._config_stamp:
+                continue
+            self._config_stamp = stamp
+            try:
+                config = load_gateway_config(self.config_path)
+            except ConfigError as error:
+                log.error("configuration change refused, keeping the last good one: %s", error)
+                continue
+            self.reload(config)
+
+    # ------------------------------------------------------------------ state
+
+    def tenant_state(self, tenant: str) -> dict[str, object]:
+        """What the admin API shows of one tenant."""
+        spec = self.tenants.tenants.get(tenant)
+        pools: dict[str, object] = {}
+        for name, pool in self.pools.items():
+            queue = pool.queue.state().get(tenant, {})
+            deficits = {w: q for t, w, q in pool.deficits() if t == tenant}
+            pools[name] = {**queue, "deficits": deficits}
+        return {
+            "tenant": tenant,
+            "weight": spec.weight if spec else None,
+            "pools": spec.pools if spec else None,
+            "limits": spec.limits.model_dump(by_alias=True) if spec else None,
+            "usage": self.limiter.state(tenant),
+            "state": pools,
+        }
+
+    def _deficits(self) -> Iterator[tuple[str, str, str, float]]:
+        for name, pool in self.pools.items():
+            for tenant, worker, value in pool.deficits():
+                yield name, tenant, worker, value
+
+    def _queues(self) -> Iterator[tuple[str, str, int, int, float]]:
+        for name, pool in self.pools.items():
+            for tenant, state in pool.queue.state().items():
+                yield (
+                    name,
+                    tenant,
+                    int(state.get("queued", 0)),
+                    int(state.get("in_flight", 0)),
+                    float(state.get("counter", 0.0)),
+                )
+
+    def _workers(self) -> Iterator[tuple[str, str, bool, int]]:
+        for name, pool in self.pools.items():
+            for worker, healthy, outstanding in pool.worker_states():
+                yield name, worker, healthy, outstanding
+
+
+def _stamp(path: Path | None) -> tuple[float, int, int] | None:
+    if path is None:
+        return None
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return (status.st_mtime, status.st_size, status.st_ino)

@@ -1,0 +1,137 @@
+"""The gateway's Prometheus metrics, all named `fairpool_gateway_*` and labelled by tenant and
+pool. They are served on the admin port only: they name every tenant, and the tenant API
+never shows one tenant another's data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+#: (pool, tenant, worker) → deficit q, for the deficits gauge.
+DeficitSource = Callable[[], Iterator[tuple[str, str, str, float]]]
+#: (pool, tenant) → (queued, in flight, VTC counter), for the queue gauges.
+QueueSource = Callable[[], Iterator[tuple[str, str, int, int, float]]]
+#: (pool, worker) → (healthy, outstanding), for the worker gauges.
+WorkerSource = Callable[[], Iterator[tuple[str, str, bool, int]]]
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("tenant", "pool")
+        self.requests = Counter(
+            "fairpool_gateway_requests",
+            "Requests answered, by HTTP status.",
+            (*labels, "status"),
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "fairpool_gateway_tokens",
+            "Tokens as the engines reported them: prompt, cached (of prompt), completion.",
+            (*labels, "kind"),
+            registry=self.registry,
+        )
+        self.service = Counter(
+            "fairpool_gateway_service",
+            "Service charged (extendWeight·uncached prompt + outputWeight·completion).",
+            labels,
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "fairpool_gateway_rejections",
+            "Requests refused, by reason (a limit, auth, no worker, ...).",
+            (*labels, "reason"),
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "fairpool_gateway_time_to_first_token_seconds",
+            "From arrival to the first byte of the answer.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "fairpool_gateway_request_duration_seconds",
+            "From arrival to the end of the answer.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_time = Histogram(
+            "fairpool_gateway_queue_seconds",
+            "Time spent in the gateway's fair queue.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.routing = Counter(
+            "fairpool_gateway_routing_decisions",
+            "Dispatches by worker and whether the prefix tree knew part of the prompt.",
+            ("pool", "worker", "prefix"),
+            registry=self.registry,
+        )
+        self.prefix_chars = Counter(
+            "fairpool_gateway_prefix_chars",
+            "Prompt characters routed (total) and found in the chosen worker's tree (matched).",
+            ("pool", "kind"),
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "fairpool_gateway_retries",
+            "Requests sent again to another worker after a failure before the first byte.",
+            ("pool",),
+            registry=self.registry,
+        )
+
+    def add_state(
+        self, deficits: DeficitSource, queues: QueueSource, workers: WorkerSource
+    ) -> None:
+        self.registry.register(_StateCollector(deficits, queues, workers))
+
+
+class _StateCollector(Collector):
+    """Gauges read from the gateway's state at scrape time."""
+
+    def __init__(self, deficits: DeficitSource, queues: QueueSource, workers: WorkerSource) -> None:
+        self._deficits, self._queues, self._workers = deficits, queues, workers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        deficit = GaugeMetricFamily(
+            "fairpool_gateway_deficit",
+            "D2LPM deficit q[tenant, worker] in service units.",
+            labels=("pool", "tenant", "worker"),
+        )
+        for pool, tenant, worker, value in self._deficits():
+            deficit.add_metric((pool, tenant, worker), value)
+        queued = GaugeMetricFamily(
+            "fairpool_gateway_queued", "Requests in the fair queue.", labels=("tenant", "pool")
+        )
+        in_flight = GaugeMetricFamily(
+            "fairpool_gateway_in_flight", "Requests dispatched.", labels=("tenant", "pool")
+        )
+        counter = GaugeMetricFamily(
+            "fairpool_gateway_virtual_counter",
+            "The fair queue's VTC counter (service / weight).",
+            labels=("tenant", "pool"),
+        )
+        for pool, tenant, waiting, running, value in self._queues():
+            queued.add_metric((tenant, pool), waiting)
+            in_flight.add_metric((tenant, pool), running)
+            counter.add_metric((tenant, pool), value)
+        healthy = GaugeMetricFamily(
+            "fairpool_gateway_worker_healthy", "1 if in rotation.", labels=("pool", "worker")
+        )
+        outstanding = GaugeMetricFamily(
+            "fairpool_gateway_worker_outstanding",
+            "Requests in flight on the worker.",
+            labels=("pool", "worker"),
+        )
+        for pool, worker, up, count in self._workers():
+            healthy.add_metric((pool, worker), 1.0 if up else 0.0)
+            outstanding.add_metric((pool, worker), count)
+        yield from (deficit, queued, in_flight, counter, healthy, outstanding)

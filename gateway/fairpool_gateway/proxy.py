@@ -1,0 +1,173 @@
+"""Forwarding a request to an engine, and reading what the engine served.
+
+Streams pass through chunk by chunk as they arrive, never buffered. The gateway needs the
+engine's usage (prompt, cached and completion tokens) to charge the tenant exactly, so it
+always asks for the final usage chunk (`stream_options.include_usage`) and, when the client
+did not ask for it, drops that chunk on the way back. Everything else is the engine's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+
+from fairpool.api.scheduler_config import TENANT_XARG, XARG_PREFIX
+
+SSE_DONE = b"data: [DONE]\n\n"
+_USAGE_ONLY = b'"choices":[]'
+_TAIL = 8192  # bytes of a stream kept to find its usage chunk at the end
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def uncached_prompt_tokens(self) -> int:
+        return max(self.prompt_tokens - self.cached_tokens, 0)
+
+    @classmethod
+    def parse(cls, document: Any) -> Usage | None:
+        if not isinstance(document, dict):
+            return None
+        usage = document.get("usage")
+        if not isinstance(usage, dict):
+            return None
+        details = usage.get("prompt_tokens_details") or {}
+        try:
+            return cls(
+                int(usage.get("prompt_tokens") or 0),
+                int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+                int(usage.get("completion_tokens") or 0),
+            )
+        except (TypeError, ValueError):
+            return None
+
+
+class UpstreamFailed(Exception):
+    """The worker failed before the first byte of its answer: safe to retry elsewhere."""
+
+
+def upstream_body(document: dict[str, Any], tenant: str, stream: bool) -> bytes:
+    """The body for the engine: the client's, with the tenant tag (replacing any
+    `fairpool_*` the client sent, so nobody can speak for another tenant) and, for
+    streams, the usage chunk requested."""
+    xargs = {
+        key: value
+        for key, value in (document.get("vllm_xargs") or {}).items()
+        if not str(key).startswith(XARG_PREFIX)
+    }
+    xargs[TENANT_XARG] = tenant
+    body = {**document, "vllm_xargs": xargs}
+    if stream:
+        body["stream_options"] = {**(document.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def send(
+    client: httpx.AsyncClient, url: str, body: bytes, timeout: httpx.Timeout, request_id: str
+) -> httpx.Response:
+    """Open the request to the worker; UpstreamFailed if it cannot answer (no connection,
+    no headers in time, or a 5xx). 4xx answers are the client's to see."""
+    request = client.build_request(
+        "POST",
+        url,
+        content=body,
+        headers={"content-type": "application/json", "x-request-id": request_id},
+        timeout=timeout,
+    )
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.TransportError as error:  # connect errors, timeouts, resets
+        raise UpstreamFailed(f"{type(error).__name__}: {error}") from None
+    if response.status_code >= 500:
+        try:
+            detail = (await response.aread())[:200].decode(errors="replace")
+        except httpx.TransportError:
+            detail = ""
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+        raise UpstreamFailed(f"HTTP {response.status_code} {detail}".strip())
+    return response
+
+
+async def read_whole(response: httpx.Response) -> tuple[bytes, Usage | None]:
+    """A non-streamed answer and its usage."""
+    try:
+        content = await response.aread()
+    except httpx.TransportError as error:
+        raise UpstreamFailed(f"{type(error).__name__}: {error}") from None
+    finally:
+        with anyio.CancelScope(shield=True):  # also when the client left: close upstream
+            await response.aclose()
+    try:
+        usage = Usage.parse(json.loads(content))
+    except ValueError:
+        usage = None
+    return content, usage
+
+
+class StreamRelay:
+    """Relays an SSE answer and keeps what it served: events seen, the usage chunk, and
+    whether the stream ended cleanly."""
+
+    def __init__(self, response: httpx.Response, client_wants_usage: bool) -> None:
+        self.response = response
+        self.client_wants_usage = client_wants_usage
+        self.output_events = 0  # data events with output, about one token each
+        self.usage: Usage | None = None
+        self.error: str | None = None
+        self.first_byte_at: float | None = None
+        self._tail = b""
+
+    async def chunks(self, clock: Any) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.aiter_raw():
+                if self.first_byte_at is None:
+                    self.first_byte_at = clock()
+                self.output_events += (
+                    chunk.count(b"data: ") - chunk.count(b"data: [DONE]") - chunk.count(_USAGE_ONLY)
+                )
+                self._tail = (self._tail + chunk)[-_TAIL:]
+                if not self.client_wants_usage and _USAGE_ONLY in chunk:
+                    chunk = _without_usage_events(chunk)
+                    if not chunk:
+                        continue
+                yield chunk
+        except httpx.TransportError as error:
+            self.error = f"{type(error).__name__}: {error}"
+            yield _error_event(f"The model server failed mid-stream ({type(error).__name__}).")
+            yield SSE_DONE
+        finally:
+            with anyio.CancelScope(shield=True):  # the client may be gone: close upstream
+                await self.response.aclose()
+            self.usage = _last_usage(self._tail)
+
+
+def _without_usage_events(chunk: bytes) -> bytes:
+    events = chunk.split(b"\n\n")
+    kept = [event for event in events if _USAGE_ONLY not in event]
+    return b"\n\n".join(kept)
+
+
+def _last_usage(tail: bytes) -> Usage | None:
+    for event in reversed(tail.split(b"\n\n")):
+        if event.startswith(b"data: {") and b'"usage":{' in event:
+            try:
+                return Usage.parse(json.loads(event[6:]))
+            except ValueError:
+                return None
+    return None
+
+
+def _error_event(message: str) -> bytes:
+    error = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
+    return b"data: " + json.dumps(error).encode() + b"\n\n"

@@ -1,0 +1,156 @@
+"""Running the gateway: one uvicorn server, two sockets (tenant API and admin API), one
+event loop, structured logs; and `GatewayThread`, the same server in a thread for tests
+and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
+from fairpool_gateway.app import admin_app, tenant_app
+from fairpool_gateway.gateway import Gateway
+
+log = logging.getLogger("fairpool.gateway")
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, message and the record's extra fields
+    (request id, tenant, pool, worker, status, ...)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "message": record.getMessage(),
+        }
+        document.update(
+            (key, value) for key, value in vars(record).items() if key not in _RECORD_FIELDS
+        )
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document, default=str)
+
+
+def configure_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("fairpool")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
+class GatewayASGI:
+    """Both APIs behind one ASGI callable: the admin API answers on the admin socket only."""
+
+    def __init__(self, gateway: Gateway, admin_port: int) -> None:
+        self.gateway = gateway
+        self.admin_port = admin_port
+        self.tenant = tenant_app(gateway)
+        self.admin = admin_app(gateway)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        server = scope.get("server")
+        app = self.admin if server is not None and server[1] == self.admin_port else self.tenant
+        await app(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.gateway.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.gateway.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def bind(host: str, port: int) -> socket.socket:
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(
+    gateway: Gateway, tenant_socket: socket.socket, admin_socket: socket.socket
+) -> uvicorn.Server:
+    app = GatewayASGI(gateway, admin_socket.getsockname()[1])
+    config = uvicorn.Config(
+        app,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        backlog=2048,
+    )
+    return uvicorn.Server(config)
+
+
+def serve(
+    config_path: str | Path, host: str | None, port: int | None, admin_port: int | None
+) -> None:
+    """`fairpool gateway`: run until SIGINT or SIGTERM."""
+    config = load_gateway_config(config_path)
+    gateway = Gateway(config, config_path)
+    tenant_socket = bind(host or config.listen.host, config.listen.port if port is None else port)
+    admin_socket = bind(config.admin.host, config.admin.port if admin_port is None else admin_port)
+    server = make_server(gateway, tenant_socket, admin_socket)
+    tenant_host, tenant_port = tenant_socket.getsockname()[:2]
+    admin_host, admin_port_bound = admin_socket.getsockname()[:2]
+    print(f"fairpool gateway: tenant API on http://{tenant_host}:{tenant_port}/v1", flush=True)
+    print(
+        f"fairpool gateway: admin API and /metrics on http://{admin_host}:{admin_port_bound}",
+        flush=True,
+    )
+    server.run(sockets=[tenant_socket, admin_socket])
+
+
+class GatewayThread:
+    """A gateway on free loopback ports, in a thread:
+    `with GatewayThread(config) as gateway: gateway.url, gateway.admin_url`."""
+
+    def __init__(self, config: GatewayConfig, config_path: str | Path | None = None) -> None:
+        self.gateway = Gateway(config, config_path)
+        self._tenant_socket = bind("127.0.0.1", 0)
+        self._admin_socket = bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._tenant_socket.getsockname()[1]}"
+        self.admin_url = f"http://127.0.0.1:{self._admin_socket.getsockname()[1]}"
+        self._server = make_server(self.gateway, self._tenant_socket, self._admin_socket)
+        self._thread = threading.Thread(target=self._run, name="fairpool-gateway")
+
+    def _run(self) -> None:
+        self._server.run(sockets=[self._tenant_socket, self._admin_socket])
+
+    def __enter__(self) -> GatewayThread:
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        self._thread.join()
+        self._tenant_socket.close()
+        self._admin_socket.close()

@@ -1,0 +1,81 @@
+"""Gateways in front of `fairpool engine-sim` workers, on loopback, for the gateway's tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from sim_http import scrape, wait_until
+
+from fairpool.api.gateway_config import GatewayConfig, key_digest
+from fairpool_engine.sim_options import SimOptions
+from fairpool_engine.sim_server import ServerThread
+from fairpool_gateway.server import GatewayThread
+
+MODEL = "sim-model"
+KEYS = {"flood": "sk-flood-0001", "light": "sk-light-0002", "other": "sk-other-0003"}
+
+
+def tenant_entry(tenant: str, weight: float = 1.0, **fields: Any) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "weight": weight,
+        "apiKeySha256": [key_digest(KEYS[tenant])],
+        **fields,
+    }
+
+
+def gateway_config(
+    workers: list[str], tenants: list[dict[str, Any]], **pool_fields: Any
+) -> GatewayConfig:
+    pool = {"name": "main", "model": MODEL, "workers": {"urls": workers}, **pool_fields}
+    return GatewayConfig.model_validate(
+        {"pools": [pool], "tenants": tenants, "healthInterval": 0.2}
+    )
+
+
+@contextlib.contextmanager
+def engines(count: int, **options: Any) -> Iterator[list[ServerThread]]:
+    settings = {"model": MODEL, "speedup": 50.0, "access_log": False, **options}
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(ServerThread(SimOptions(**settings))) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def gateway(config: GatewayConfig) -> Iterator[GatewayThread]:
+    with GatewayThread(config) as running:
+        wait_until(lambda: running.gateway.ready, timeout=10)
+        yield running
+
+
+def client(gateway: GatewayThread, tenant: str, **options: Any) -> httpx.Client:
+    return httpx.Client(
+        base_url=gateway.url,
+        headers={"Authorization": f"Bearer {KEYS[tenant]}"},
+        timeout=options.pop("timeout", 30),
+        **options,
+    )
+
+
+def async_client(gateway: GatewayThread, tenant: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=gateway.url,
+        headers={"Authorization": f"Bearer {KEYS[tenant]}"},
+        timeout=60,
+        limits=httpx.Limits(max_connections=None),
+    )
+
+
+def completion(prompt: str, max_tokens: int = 8, **fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, **fields}
+
+
+def gateway_metric(gateway: GatewayThread, name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(
+        value
+        for (sample, sample_labels), value in scrape(gateway.admin_url).items()
+        if sample == name and wanted <= set(sample_labels)
+    )

@@ -1,0 +1,396 @@
+"""The gateway's worker monitor against real `fairpool engine-sim` servers on loopback: health,
+load from /metrics, workers that die, hang, come back, or are reported by the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from fairpool_engine.sim_options import SimOptions
+from fairpool_engine.sim_server import ServerThread
+from fairpool_gateway.workers import WorkerHealth, WorkerMonitor, parse_load, shown
+
+LEAVE_DEADLINE = 2.0  # seconds: "a failing worker leaves rotation within 2 s"
+
+
+def closed_port_url() -> str:
+    """A loopback URL where nothing listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> float:
+    """Seconds until `condition` held; fails after `timeout`."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+@contextlib.asynccontextmanager
+async def running(monitor: WorkerMonitor) -> AsyncIterator[asyncio.Task[None]]:
+    """`monitor.run()` in the background for the block."""
+    task = asyncio.create_task(monitor.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def in_rotation(monitor: WorkerMonitor, url: str) -> Callable[[], bool]:
+    return lambda: url in monitor.healthy()
+
+
+def out_of_rotation(monitor: WorkerMonitor, url: str) -> Callable[[], bool]:
+    return lambda: url not in monitor.healthy()
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def vllm_metrics(kv_name: str = "vllm:kv_cache_usage_perc") -> str:
+    """A /metrics page as a two-engine (data-parallel) vLLM writes it."""
+    registry = CollectorRegistry()
+    labels = ("model_name", "engine")
+    waiting = Gauge("vllm:num_requests_waiting", "w", labels, registry=registry)
+    running = Gauge("vllm:num_requests_running", "r", labels, registry=registry)
+    kv = Gauge(kv_name, "kv", labels, registry=registry)
+    for engine, (w, r, usage) in enumerate([(3, 5, 0.5), (1, 2, 0.25)]):
+        waiting.labels("m", str(engine)).set(w)
+        running.labels("m", str(engine)).set(r)
+        kv.labels("m", str(engine)).set(usage)
+    return generate_latest(registry).decode()
+
+
+def test_load_sums_queues_over_engines_and_averages_kv_usage() -> None:
+    load = parse_load(vllm_metrics())
+    assert (load.waiting, load.running, load.kv_usage) == (4, 7, 0.375)
+
+
+def test_load_reads_the_kv_usage_name_of_older_vllm() -> None:
+    assert parse_load(vllm_metrics("vllm:gpu_cache_usage_perc")).kv_usage == 0.375
+
+
+def test_load_of_a_page_without_vllm_metrics_is_an_error() -> None:
+    with pytest.raises(ValueError, match="vllm:num_requests_waiting"):
+        parse_load("# TYPE up gauge\nup 1\n")
+    with pytest.raises(ValueError):
+        parse_load("this is not {prometheus text\n")
+
+
+def test_logged_urls_leave_out_credentials() -> None:
+    assert shown("http://user:secret@10.0.0.5:8000") == "http://10.0.0.5:8000"
+    assert shown("http://10.0.0.5:8000") == "http://10.0.0.5:8000"
+
+
+# --- live engines -----------------------------------------------------------------------------
+
+
+def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
+    # A small KV memory, slow model time: of six 300-token requests two run, the rest wait.
+    options = SimOptions(speedup=0.2, max_model_len=512, memory_tokens=640, access_log=False)
+    changes: list[tuple[bool, int, int]] = []
+
+    def record(worker: WorkerHealth) -> None:
+        changes.append((worker.healthy, worker.waiting, worker.running))
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client, on_change=record)
+            monitor.set_workers([url + "/"])
+            assert monitor.healthy() == [] and list(monitor.workers) == [url]
+            await monitor.poll_once()
+            worker = monitor.workers[url]
+            assert monitor.healthy() == [url] and changes == [(True, 0, 0)]
+            assert worker.last_ok is not None and worker.consecutive_failures == 0
+
+            body = {"prompt": "word " * 200, "max_tokens": 300}
+            requests = [
+                asyncio.create_task(client.post(f"{url}/v1/completions", json=body, timeout=60))
+                for _ in range(6)
+            ]
+
+            async def busy() -> bool:
+                await monitor.poll_once()
+                queues = (worker.waiting, worker.running)
+                return min(queues) > 0 and sum(queues) == 6 and worker.kv_usage > 0
+
+            deadline = time.monotonic() + 10
+            while not await busy():
+                assert time.monotonic() < deadline, "the load never showed"
+            assert changes[-1] == (True, worker.waiting, worker.running)
+
+            for request in requests:  # the clients leave: the engine aborts their requests
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
+
+            async def idle() -> bool:
+                await monitor.poll_once()
+                return (worker.waiting, worker.running) == (0, 0)
+
+            deadline = time.monotonic() + 10
+            while not await idle():
+                assert time.monotonic() < deadline, "the load never went away"
+            assert worker.healthy and changes[-1] == (True, 0, 0)
+
+    with ServerThread(options) as server:
+        asyncio.run(scenario(server.url))
+
+
+def test_a_stopped_engine_leaves_rotation_within_two_seconds() -> None:
+    async def scenario(server: ServerThread) -> float:
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client)
+            monitor.set_workers([server.url])
+            async with running(monitor):
+                await eventually(in_rotation(monitor, server.url))
+                stopping = asyncio.create_task(asyncio.to_thread(server.__exit__, None, None, None))
+                left = await eventually(out_of_rotation(monitor, server.url))
+                await stopping
+                worker = monitor.workers[server.url]
+                assert worker.consecutive_failures >= 1 and "/health" in (worker.last_error or "")
+                return left
+
+    server = ServerThread(SimOptions(speedup=100, access_log=False)).__enter__()
+    try:
+        assert asyncio.run(scenario(server)) < LEAVE_DEADLINE
+    finally:
+        server.__exit__(None, None, None)  # a second exit is harmless
+
+
+def test_an_engine_answering_503_leaves_rotation_and_returns_when_healthy_again() -> None:
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client)
+            monitor.set_workers([url])
+            async with running(monitor):
+                await eventually(in_rotation(monitor, url))
+                await client.post(f"{url}/admin/health", json={"healthy": False})
+                assert await eventually(out_of_rotation(monitor, url)) < LEAVE_DEADLINE
+                assert monitor.workers[url].last_error == "/health answered 503"
+                await client.post(f"{url}/admin/health", json={"healthy": True})
+                await eventually(in_rotation(monitor, url))
+                assert monitor.workers[url].consecutive_failures == 0
+
+    with ServerThread(SimOptions(speedup=100, access_log=False)) as server:
+        asyncio.run(scenario(server.url))
+
+
+class EngineProcess:
+    """`fairpool engine-sim` in a process of its own, on a port that outlives the process:
+    it can hang (SIGSTOP), thaw (SIGCONT), die (SIGKILL) and be started again."""
+
+    def __init__(self) -> None:
+        self.url = closed_port_url()
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "fairpool.cli", "engine-sim", "--port", str(self.port)]
+        command += ["--speedup", "100", "--disable-uvicorn-access-log"]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 30
+        while not self._answers():
+            assert self.process.poll() is None, "engine-sim exited"
+            assert time.monotonic() < deadline, "engine-sim did not start"
+            time.sleep(0.02)
+
+    def _answers(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def signal(self, number: signal.Signals) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, number)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture()
+def engine_process() -> Iterator[EngineProcess]:
+    engine = EngineProcess()
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.kill()
+
+
+def test_a_hung_engine_leaves_rotation_within_two_seconds_and_returns(engine_process) -> None:
+    engine = engine_process
+    url = engine.url
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client)
+            monitor.set_workers([url])
+            async with running(monitor):
+                await eventually(in_rotation(monitor, url))
+                engine.signal(signal.SIGSTOP)  # accepts connections, answers nothing
+                assert await eventually(out_of_rotation(monitor, url)) < LEAVE_DEADLINE
+                assert "no answer within 1 s" in (monitor.workers[url].last_error or "")
+                engine.signal(signal.SIGCONT)
+                await eventually(in_rotation(monitor, url))
+
+                engine.kill()  # dead: refuses connections
+                assert await eventually(out_of_rotation(monitor, url)) < LEAVE_DEADLINE
+                await asyncio.to_thread(engine.start)  # a new process on the same port
+                await eventually(in_rotation(monitor, url))
+
+    asyncio.run(scenario())
+
+
+class FakeWorker:
+    """A tiny real HTTP server: /health answers 200 (when `health_answers` is set; the
+    test can hold it), /metrics what the test sets."""
+
+    def __init__(self) -> None:
+        self.health_asked = threading.Event()
+        self.health_answers = threading.Event()
+        self.health_answers.set()
+        self.metrics_status = 200
+        self.metrics_body = vllm_metrics()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = fake.health() if self.path == "/health" else fake.metrics()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def health(self) -> tuple[int, bytes]:
+        self.health_asked.set()
+        self.health_answers.wait(10)
+        return 200, b""
+
+    def metrics(self) -> tuple[int, bytes]:
+        return self.metrics_status, self.metrics_body.encode()
+
+    def __enter__(self) -> FakeWorker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.health_answers.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() -> None:
+    changes: list[bool] = []
+
+    async def scenario(fake: FakeWorker) -> None:
+        url = fake.url
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client, on_change=lambda worker: changes.append(worker.healthy))
+            monitor.set_workers([url])
+            await monitor.poll_once()
+            assert monitor.healthy() == [url]
+
+            fake.health_answers.clear()  # the next /health waits for the test
+            fake.health_asked.clear()
+            check = asyncio.create_task(monitor.poll_once())
+            assert await asyncio.to_thread(fake.health_asked.wait, 5)
+            monitor.report_failure(url, "connect error")
+            assert monitor.healthy() == [] and changes == [True, False]
+            fake.health_answers.set()
+            await check  # it began before the report: it does not bring the worker back
+            worker = monitor.workers[url]
+            assert not worker.healthy and worker.last_error == "connect error"
+
+            await monitor.poll_once()
+            assert monitor.healthy() == [url] and changes == [True, False, True]
+            assert worker.consecutive_failures == 0
+
+            monitor.report_failure("http://127.0.0.1:1", "not a member")  # ignored
+            assert list(monitor.workers) == [url]
+
+    with FakeWorker() as fake:
+        asyncio.run(scenario(fake))
+
+
+def test_a_metrics_failure_keeps_the_worker_in_rotation_with_its_last_load(caplog) -> None:
+    async def scenario(fake: FakeWorker) -> None:
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client)
+            monitor.set_workers([fake.url])
+            await monitor.poll_once()
+            worker = monitor.workers[fake.url]
+            assert worker.healthy and (worker.waiting, worker.running) == (4, 7)
+            for status, body in [(500, ""), (200, "# TYPE up gauge\nup 1\n")]:
+                fake.metrics_status, fake.metrics_body = status, body
+                await monitor.poll_once()
+                assert worker.healthy and (worker.waiting, worker.running) == (4, 7)
+                assert (worker.last_error or "").startswith("/metrics")
+
+    with caplog.at_level("DEBUG", logger="fairpool.gateway"), FakeWorker() as fake:
+        asyncio.run(scenario(fake))
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "keeping its last known load" in warnings[0].getMessage()
+
+
+def test_new_workers_are_checked_at_once_and_removed_ones_forgotten(caplog) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    def fragile(worker: WorkerHealth) -> None:
+        seen.append((worker.url, worker.healthy))
+        raise RuntimeError("a broken listener must not stop the monitor")
+
+    async def scenario(first: str, second: str) -> None:
+        dead = closed_port_url()
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client, interval=30, on_change=fragile)  # rounds: rare
+            monitor.set_workers([first, dead])
+            async with running(monitor):
+                await eventually(in_rotation(monitor, first), timeout=5)
+                monitor.set_workers([first, second, dead])
+                await eventually(in_rotation(monitor, second), timeout=5)
+                await eventually(lambda: monitor.workers[dead].consecutive_failures == 1)
+                assert not monitor.workers[dead].healthy
+                assert "ConnectError" in (monitor.workers[dead].last_error or "")
+                monitor.set_workers([second])
+                assert list(monitor.workers) == [second] and monitor.healthy() == [second]
+                assert seen == [(first, True), (second, True), (first, False)]
+
+    with (
+        caplog.at_level("INFO", logger="fairpool.gateway"),
+        ServerThread(SimOptions(speedup=100, access_log=False)) as one,
+        ServerThread(SimOptions(speedup=100, access_log=False)) as two,
+    ):
+        asyncio.run(scenario(one.url, two.url))
+    assert any("on_change failed" in record.getMessage() for record in caplog.records)

@@ -1,15 +1,87 @@
 """Hard per-tenant limits enforced on arrival.
 
-`RequestRateLimiter` is the request-per-minute limit: VTC's RPM baseline (Sheng et al.,
-OSDI'24, §5.1 — its artifact rejects a request when the client already has `limit`
-requests in the trailing 60 seconds) and the gateway's RPM limit.
+`SlidingWindow` is the one implementation of a trailing-window count: amounts (requests,
+tokens) recorded at times, summed over the last `window` seconds. On it:
+
+- `RequestRateLimiter`, the request-per-minute limit: VTC's RPM baseline (Sheng et al.,
+  OSDI'24, §5.1 — its artifact rejects a request when the client already has `limit`
+  requests in the trailing 60 seconds), used by the simulator;
+- the gateway's limiter (`fairpool_gateway.limits`), which adds tokens per minute, limits
+  that change between calls and the Retry-After of a refusal.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from dataclasses import dataclass
 
 from fairpool.sched.errors import require_count, require_positive
+
+
+@dataclass(eq=False)
+class WindowEntry:
+    """An amount recorded at `time`; it leaves the window at `time + window`."""
+
+    time: float
+    amount: int
+
+
+class SlidingWindow:
+    """Amounts recorded at non-decreasing times, summed over the trailing `window` seconds.
+
+    An amount recorded at `t` counts while `now < t + window`. Every call prunes what has
+    left the window, so memory holds only what still counts.
+    """
+
+    def __init__(self, window: float = 60.0) -> None:
+        self.window = require_positive("window", window)
+        self._entries: deque[WindowEntry] = deque()
+        self._total = 0
+
+    def total(self, now: float) -> int:
+        """The sum of the amounts still in the window at `now`."""
+        self._prune(now)
+        return self._total
+
+    def is_empty(self, now: float) -> bool:
+        self._prune(now)
+        return not self._entries
+
+    def add(self, now: float, amount: int = 1) -> WindowEntry:
+        """Record `amount` at `now`; the entry can be amended while it is in the window."""
+        self._prune(now)
+        entry = WindowEntry(now, require_count("amount", amount))
+        self._entries.append(entry)
+        self._total += entry.amount
+        return entry
+
+    def amend(self, entry: WindowEntry, amount: int, now: float) -> None:
+        """Make `entry` (recorded in this window) count `amount` instead, if it still counts."""
+        require_count("amount", amount)
+        self._prune(now)
+        if entry.time > now - self.window:
+            self._total += amount - entry.amount
+            entry.amount = amount
+
+    def time_until_fits(self, now: float, amount: int, limit: int) -> float | None:
+        """Seconds from `now` until `amount` more fits under `limit` (0: it fits now);
+        None if `amount` alone exceeds `limit`, so it never fits."""
+        if amount > limit:
+            return None
+        self._prune(now)
+        excess = self._total + amount - limit
+        if excess <= 0:
+            return 0.0
+        for entry in self._entries:  # oldest first: the order they leave in
+            excess -= entry.amount
+            if excess <= 0:
+                return entry.time + self.window - now
+        return 0.0  # not reached: once every entry has left, `amount <= limit` fits
+
+    def _prune(self, now: float) -> None:
+        cutoff = now - self.window
+        while self._entries and self._entries[0].time <= cutoff:
+            self._total -= self._entries.popleft().amount
 
 
 class RequestRateLimiter:
@@ -18,14 +90,12 @@ class RequestRateLimiter:
     def __init__(self, requests_per_minute: int, window: float = 60.0) -> None:
         self.limit = require_count("requests_per_minute", requests_per_minute, minimum=1)
         self.window = require_positive("window", window)
-        self._accepted: dict[str, deque[float]] = defaultdict(deque)
+        self._accepted: dict[str, SlidingWindow] = defaultdict(lambda: SlidingWindow(self.window))
 
     def allow(self, tenant: str, now: float) -> bool:
         """Accept (and count) a request of `tenant` at time `now`, or refuse it."""
         accepted = self._accepted[tenant]
-        while accepted and accepted[0] <= now - self.window:
-            accepted.popleft()
-        if len(accepted) >= self.limit:
+        if accepted.total(now) >= self.limit:
             return False
-        accepted.append(now)
+        accepted.add(now)
         return True

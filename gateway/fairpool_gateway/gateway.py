@@ -31,6 +31,9 @@ class Gateway:
         self.metrics.add_state(self._deficits, self._queues, self._workers)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
         self.client = httpx.AsyncClient(limits=limits, timeout=None)
+        # Health checks get their own connections: queued behind busy streams, a check
+        # would time out and take a healthy worker out of rotation.
+        self.health_client = httpx.AsyncClient(timeout=None)
         self.pools: dict[str, Pool] = {}
         self._by_model: dict[str, Pool] = {}
         self._reloader: asyncio.Task[None] | None = None
@@ -49,6 +52,7 @@ class Gateway:
         for pool in self.pools.values():
             await pool.stop()
         await self.client.aclose()
+        await self.health_client.aclose()
 
     @property
     def ready(self) -> bool:
@@ -80,7 +84,7 @@ class Gateway:
                 del self.pools[name]
         for name, spec in wanted.items():
             if name not in self.pools:
-                pool = Pool(spec, config, weights, self.client)
+                pool = Pool(spec, config, weights, self.health_client)
                 pool.start()
                 self.pools[name] = pool
             self.pools[name].set_weights(weights)

@@ -42,13 +42,13 @@ class Pool:
         spec: GatewayPool,
         config: GatewayConfig,
         weights: Mapping[str, float],
-        client: httpx.AsyncClient,
+        health_client: httpx.AsyncClient,
     ) -> None:
         self.spec = spec
         self.name = spec.name
         self.router = _make_router(spec, config, weights)
         self.monitor = WorkerMonitor(
-            client,
+            health_client,
             interval=config.health_interval,
             timeout=config.timeouts.health,
             on_change=self._worker_changed,

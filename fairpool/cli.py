@@ -13,6 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from fairpool import __version__
+from fairpool.parent import die_with_parent
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
@@ -21,6 +22,7 @@ from fairpool_engine import sim_options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_parent()  # a child of `fairpool up` never outlives it
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if getattr(args, "passes_unknown_options", False):
@@ -145,6 +147,32 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     gateway.set_defaults(handler=_gateway)
 
+    local = commands.add_parser(
+        "up",
+        help="run the manifests' pools and gateway on this machine (no cluster)",
+        description="Reads InferencePool, TenantQuota and Secret manifests (the files you "
+        "would `kubectl apply`) and runs the gateway and every pool replica as local "
+        "processes until Ctrl-C. See docs/local.md.",
+    )
+    local.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="manifests (YAML, several documents); repeatable",
+    )
+    local.add_argument("--port", type=int, default=8080, help="gateway port (8080)")
+    local.add_argument("--admin-port", type=int, help="admin/metrics port (default: a free one)")
+    local.add_argument(
+        "--fairness",
+        choices=["on", "off"],
+        default="on",
+        help="off: FCFS scheduling and queueing, least-load routing (to compare)",
+    )
+    local.set_defaults(handler=_up)
+
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
@@ -250,6 +278,13 @@ def _gateway(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     serve(args.config, args.host, args.port, args.admin_port)
     return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from fairpool_gateway.local.up import up
+
+    console = Console(soft_wrap=True)  # URLs must stay whole to be copied
+    return up(args.files, args.port, args.admin_port, args.fairness == "on", console)
 
 
 def _wide_console() -> Console:

@@ -170,6 +170,12 @@ class RoutingSpec(Spec):
         "of text, the least an engine can reuse.",
     )
     saturation: Saturation = Field(default_factory=Saturation, description="Full workers.")
+    queue_policy: Literal["vtc", "fcfs"] = Field(
+        default="vtc",
+        alias="queuePolicy",
+        description="Order of the gateway's queue when every worker is saturated: vtc "
+        "(fair across tenants) or fcfs (arrival order, for comparison).",
+    )
     queue_timeout_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -85,11 +85,13 @@ class FairQueue:
         cost: CostModel,
         weights: TenantWeights | Mapping[str, float],
         clock: Callable[[], float] = time.monotonic,
+        policy: str = "vtc",
     ) -> None:
         self._has_capacity = has_capacity
         self._cost = cost
         self._clock = clock
-        self._policy = make_policy("vtc", cost=cost, weights=_weight_table(weights))
+        # `fcfs` (arrival order, tenants ignored) is there for comparisons: fairness off.
+        self._policy = make_policy(policy, cost=cost, weights=_weight_table(weights))
         # VTC reads no engine state; memory is unlimited so nothing is held back for it.
         self._view = EngineSnapshot(memory_tokens=sys.maxsize)
         self._waiters: dict[str, _Waiter] = {}

@@ -53,7 +53,12 @@ class Pool:
             timeout=config.timeouts.health,
             on_change=self._worker_changed,
         )
-        self.queue = FairQueue(self.has_capacity, spec.cost.model(), TenantWeights(weights))
+        self.queue = FairQueue(
+            self.has_capacity,
+            spec.cost.model(),
+            TenantWeights(weights),
+            policy=spec.routing.queue_policy,
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ lifecycle

@@ -1,0 +1,1 @@
+"""Local mode: the manifests run as processes on this machine (`fairpool up`)."""

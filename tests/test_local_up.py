@@ -1,0 +1,166 @@
+"""`fairpool up` end to end: the example manifests run as processes on loopback, serve
+through the gateway, pick up edits, and leave no process behind however they are stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from sim_http import wait_until
+
+EXAMPLE = Path("examples/local.yaml")
+LIGHT_KEY = "sk-local-light-0002"
+
+
+def children_of(pid: int) -> set[int]:
+    """Processes whose parent is `pid` (from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Up:
+    def __init__(self, manifests: Path, port: int, *flags: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/v1"
+        command = [sys.executable, "-m", "fairpool.cli", "up", "-f", str(manifests)]
+        self.process = subprocess.Popen(
+            [*command, "--port", str(port), *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+
+    def wait_ready(self) -> None:
+        """Until `fairpool up` says it is up (it has seen every process answer)."""
+        wait_until(lambda: any("fairpool is up" in line for line in self.output), timeout=60)
+
+    def ready(self) -> bool:
+        assert self.process.poll() is None, "".join(self.output)
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    manifests = tmp_path / "local.yaml"
+    manifests.write_text(EXAMPLE.read_text())
+    running = Up(manifests, free_port())
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        running.process.kill()
+        running.process.wait()
+
+
+def chat(url: str, key: str) -> httpx.Response:
+    body = {"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return httpx.post(
+        f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
+
+
+def test_sigterm_stops_every_process_and_leaves_none_behind(up: Up):
+    assert chat(up.url, LIGHT_KEY).status_code == 200
+    children = children_of(up.process.pid)
+    assert len(children) == 3  # two engines and the gateway
+    up.process.send_signal(signal.SIGTERM)
+    assert up.process.wait(timeout=30) == 0
+    wait_until(lambda: not any(alive(pid) for pid in children), timeout=15)
+
+
+def test_sigkill_of_up_still_takes_its_children_down(up: Up):
+    children = children_of(up.process.pid)
+    assert children
+    up.process.kill()
+    up.process.wait()
+    wait_until(lambda: not any(alive(pid) for pid in children), timeout=15)
+
+
+def test_a_dead_engine_is_reported_and_restarted(up: Up):
+    engines = [pid for pid in children_of(up.process.pid) if b"engine-sim" in cmdline(pid)]
+    os.kill(engines[0], signal.SIGKILL)
+    wait_until(lambda: len(engine_pids(up)) == 2 and engines[0] not in engine_pids(up), 30)
+    wait_until(up.ready, timeout=30)
+    assert chat(up.url, LIGHT_KEY).status_code == 200
+
+
+def test_edited_manifests_reach_the_running_gateway(up: Up, tmp_path: Path):
+    manifests = tmp_path / "local.yaml"
+    documents = list(yaml.safe_load_all(manifests.read_text()))
+    for document in documents:
+        if document["kind"] == "Secret" and document["metadata"]["name"] == "light-keys":
+            document["stringData"] = {"key": "sk-rotated-light"}
+    manifests.write_text(yaml.safe_dump_all(documents))
+    wait_until(lambda: chat(up.url, "sk-rotated-light").status_code == 200, timeout=15)
+    assert chat(up.url, LIGHT_KEY).status_code == 401
+
+
+def test_a_malformed_manifest_fails_before_anything_starts(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("weight: 2", "weight: -2"))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "fairpool.cli", "up", "-f", str(bad), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "bad.yaml, document 5: spec.weight" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert time.monotonic() - started < 60
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def engine_pids(up: Up) -> set[int]:
+    return {pid for pid in children_of(up.process.pid) if b"engine-sim" in cmdline(pid)}

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from fairpool.api.common import Metadata, Spec
 from fairpool.api.scheduler_config import CostWeights
+from fairpool.api.status import InferencePoolStatus
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import ROUTERS, policy_parameters
 from fairpool.sched.routers.d2lpm import DEFAULT_WORKER_QUANTUM
@@ -218,6 +219,7 @@ class InferencePool(BaseModel):
     kind: Literal["InferencePool"]
     metadata: Metadata
     spec: InferencePoolSpec
+    status: InferencePoolStatus | None = None
 
     @property
     def name(self) -> str:

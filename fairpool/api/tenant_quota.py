@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fairpool.api.common import DNS_LABEL, Metadata, Spec
+from fairpool.api.status import TenantQuotaStatus
 
 SloClass = Literal["interactive", "standard", "batch"]
 
@@ -117,6 +118,7 @@ class TenantQuota(BaseModel):
     kind: Literal["TenantQuota"]
     metadata: Metadata
     spec: TenantQuotaSpec = Field(default_factory=TenantQuotaSpec)
+    status: TenantQuotaStatus | None = None
 
     @property
     def tenant(self) -> str:

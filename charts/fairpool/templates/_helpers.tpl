@@ -1,0 +1,98 @@
+{{/*
+fullname: the release name (or fullnameOverride), at most 49 characters so that
+"<fullname>-gateway-admin" is still a 63-character DNS label.
+*/}}
+{{- define "fairpool.fullname" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 49 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fairpool.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "fairpool.labels" -}}
+helm.sh/chart: {{ include "fairpool.chart" . }}
+app.kubernetes.io/name: fairpool
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fairpool
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "gateway"). */}}
+{{- define "fairpool.selectorLabels" -}}
+app.kubernetes.io/name: fairpool
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "fairpool.componentLabels" -}}
+{{ include "fairpool.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference: (dict "root" $ "image" .Values.images.gateway). */}}
+{{- define "fairpool.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{- define "fairpool.operator.name" -}}
+{{- printf "%s-operator" (include "fairpool.fullname" .) -}}
+{{- end -}}
+
+{{- define "fairpool.gateway.name" -}}
+{{- printf "%s-gateway" (include "fairpool.fullname" .) -}}
+{{- end -}}
+
+{{- define "fairpool.gatewayAdmin.name" -}}
+{{- printf "%s-gateway-admin" (include "fairpool.fullname" .) -}}
+{{- end -}}
+
+{{- define "fairpool.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create -}}
+{{- default (include "fairpool.operator.name" .) .Values.operator.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.operator.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fairpool.gateway.serviceAccountName" -}}
+{{- if .Values.gateway.serviceAccount.create -}}
+{{- default (include "fairpool.gateway.name" .) .Values.gateway.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.gateway.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod-level security context shared by every pod of the chart. */}}
+{{- define "fairpool.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.podSecurity.runAsUser }}
+runAsGroup: {{ .Values.podSecurity.runAsGroup }}
+fsGroup: {{ .Values.podSecurity.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The container-level security context shared by every container of the chart. */}}
+{{- define "fairpool.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.podSecurity.runAsUser }}
+runAsGroup: {{ .Values.podSecurity.runAsGroup }}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The gateway configuration the chart starts with, before the operator writes its own. */}}
+{{- define "fairpool.gateway.emptyConfig" -}}
+pools: []
+tenants: []
+listen: {host: 0.0.0.0, port: 8080}
+admin: {host: 0.0.0.0, port: 8081}
+{{ end -}}

@@ -1,0 +1,883 @@
+"""The Helm chart (charts/fairpool), checked with a real Helm binary (`make helm` puts one at
+.tools/bin/helm): lint --strict, renders with default values and with every option on, every
+rendered object against the Kubernetes schemas (kubernetes-validate) or its CRD, the pods'
+hardening, the RBAC rules, the operator/gateway contract, values.schema.json refusing bad
+values, the dashboard's metric names, and the CRD copies. The examples are checked against
+the CRD schemas here too."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from openapi_schema_validator import OAS30Validator
+from prometheus_client import CollectorRegistry
+
+from fairpool.api.gateway_config import load_gateway_config
+from fairpool.api.manifests import load_manifests
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "fairpool"
+HELM = ROOT / ".tools" / "bin" / "helm"
+RELEASE, NAMESPACE = "fp", "serving"
+#: The oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest known.
+KUBE_VERSIONS = ["1.25.0", kubernetes_validate.latest_version()]
+
+#: On the tests that run Helm; the others (CRD copies, examples, schema files) run without it.
+needs_helm = pytest.mark.skipif(
+    not HELM.is_file(), reason="no Helm binary at .tools/bin/helm: run `make helm` first"
+)
+
+Doc = dict[str, Any]
+
+#: Every option on: Ingress with TLS, ServiceMonitor, PodMonitor, dashboard in another
+#: namespace, two replicas of each, pull secrets, extra env, placement.
+FULL_VALUES: Doc = {
+    "images": {"pullSecrets": ["regcred"], "gateway": {"repository": "r/gw", "tag": "dev"}},
+    "operator": {
+        "replicas": 2,
+        "extraEnv": [{"name": "FAIRPOOL_LOG_LEVEL", "value": "debug"}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "podAnnotations": {"example.com/team": "platform"},
+        "podLabels": {"example.com/tier": "control"},
+        "priorityClassName": "system-cluster-critical",
+        "serviceAccount": {"create": True, "name": "ops", "annotations": {"a": "b"}},
+    },
+    "gateway": {
+        "replicas": 2,
+        "configSecretName": "gw-config",
+        "service": {
+            "type": "LoadBalancer",
+            "port": 80,
+            "annotations": {"example.com/lb": "internal"},
+        },
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "600"},
+            "hosts": [
+                {"host": "llm.example.com", "paths": [{"path": "/v1", "pathType": "Prefix"}]}
+            ],
+            "tls": [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}],
+        },
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "gw"}},
+                        },
+                    }
+                ]
+            }
+        },
+    },
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    },
+    "grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}},
+}
+
+EMPTY_GATEWAY_CONFIG = (
+    "pools: []\ntenants: []\nlisten: {host: 0.0.0.0, port: 8080}\n"
+    "admin: {host: 0.0.0.0, port: 8081}\n"
+)
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def helm(
+    *args: str, values: Doc | None = None, tmp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = [str(HELM), *args]
+    if values is not None:
+        assert tmp is not None
+        path = tmp / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        command += ["-f", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def render(
+    tmp: Path | None = None, values: Doc | None = None, *sets: str, release: str = RELEASE
+) -> list[Doc]:
+    done = helm(
+        "template", release, str(CHART), "--namespace", NAMESPACE, *sets, values=values, tmp=tmp
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def by_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def one(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = [doc for doc in by_kind(docs, kind) if doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def closed(schema: Any) -> Any:
+    """The schema with unknown fields refused where it lists properties, as `kubectl apply`'s
+    strict field validation refuses them (plain JSON-schema validation would accept them)."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    schema = {key: closed(value) for key, value in schema.items()}
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        schema["additionalProperties"] = False
+    return schema
+
+
+def crd_schemas() -> dict[tuple[str, str], Doc]:
+    """(apiVersion, kind) → the served version's openAPIV3Schema, from the chart's crds/."""
+    schemas = {}
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                if version["served"]:
+                    schemas[f"{group}/{version['name']}", kind] = version["schema"][
+                        "openAPIV3Schema"
+                    ]
+    return schemas
+
+
+def crd_errors(doc: Doc, schema: Doc) -> list[str]:
+    # apiVersion, kind and metadata are always allowed at the root, listed or not.
+    implicit = {"apiVersion": {"type": "string"}, "kind": {"type": "string"}}
+    properties = {**implicit, "metadata": {"type": "object"}, **schema.get("properties", {})}
+    validator = OAS30Validator(closed({**schema, "properties": properties}))
+    return [
+        f"{'.'.join(map(str, error.absolute_path)) or '(root)'}: {error.message}"
+        for error in validator.iter_errors(doc)
+    ]
+
+
+# The fields of the Prometheus Operator's ServiceMonitor and PodMonitor (monitoring.coreos.com/v1)
+# that the chart uses, transcribed from their CRDs (unknown fields refused): their CRDs are
+# not part of this repository.
+_DURATION = {
+    "type": "string",
+    "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+    "(([0-9]+)ms)?)$",
+}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "properties": {
+        "matchLabels": _STRING_MAP,
+        "matchExpressions": {"type": "array", "items": {"type": "object"}},
+    },
+}
+_ENDPOINT = {
+    "type": "object",
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
+        "relabelings": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "action": {"type": "string", "enum": ["replace", "keep", "drop", "labelmap"]},
+                    "sourceLabels": {
+                        "type": "array",
+                        "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+                    },
+                    "targetLabel": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+
+def _monitor_schema(endpoints: str, required: list[str]) -> Doc:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "required": required,
+                "properties": {
+                    "selector": _LABEL_SELECTOR,
+                    "namespaceSelector": {
+                        "type": "object",
+                        "properties": {
+                            "any": {"type": "boolean"},
+                            "matchNames": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                    endpoints: {"type": "array", "minItems": 1, "items": _ENDPOINT},
+                },
+            },
+        },
+    }
+
+
+MONITOR_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): _monitor_schema(
+        "endpoints", ["endpoints", "selector"]
+    ),
+    ("monitoring.coreos.com/v1", "PodMonitor"): _monitor_schema(
+        "podMetricsEndpoints", ["selector"]
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[Doc]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def full_docs(tmp_path_factory) -> list[Doc]:
+    return render(tmp_path_factory.mktemp("full"), FULL_VALUES)
+
+
+# ---------------------------------------------------------------------------- lint, render
+
+
+@needs_helm
+def test_lint_strict_passes_with_default_and_full_values(tmp_path):
+    for values in (None, FULL_VALUES):
+        done = helm("lint", "--strict", str(CHART), values=values, tmp=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "0 chart(s) failed" in done.stdout
+
+
+@needs_helm
+def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs):
+    kinds = sorted(f"{doc['kind']}/{doc['metadata']['name']}" for doc in default_docs)
+    assert kinds == sorted(
+        [
+            "ConfigMap/fp-dashboard",
+            "Deployment/fp-gateway",
+            "Deployment/fp-operator",
+            "KopfPeering/fairpool",
+            "Role/fp-gateway",
+            "Role/fp-operator",
+            "RoleBinding/fp-gateway",
+            "RoleBinding/fp-operator",
+            "Secret/fairpool-gateway-config",
+            "Service/fp-gateway",
+            "Service/fp-gateway-admin",
+            "ServiceAccount/fp-gateway",
+            "ServiceAccount/fp-operator",
+        ]
+    )
+    for doc in default_docs:  # namespaced, every one: no ClusterRole, no cluster-wide rights
+        assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
+
+
+@needs_helm
+def test_every_option_on_renders_ingress_monitors_and_two_replicas(full_docs):
+    assert {doc["kind"] for doc in full_docs} >= {"Ingress", "ServiceMonitor", "PodMonitor"}
+    operator = one(full_docs, "Deployment", "fp-operator")
+    assert operator["spec"]["replicas"] == 2
+    assert "strategy" not in operator["spec"]  # rolling: the standby pods wait on peering
+    assert one(full_docs, "Deployment", "fp-gateway")["spec"]["replicas"] == 2
+    dashboard = one(full_docs, "ConfigMap", "fp-dashboard")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+
+
+@needs_helm
+def test_optional_parts_can_be_turned_off(tmp_path):
+    docs = render(
+        tmp_path,
+        None,
+        "--set",
+        "rbac.create=false,operator.serviceAccount.create=false,grafana.dashboard.enabled=false",
+    )
+    kinds = {doc["kind"] for doc in docs}
+    assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap"}
+    assert (
+        one(docs, "Deployment", "fp-operator")["spec"]["template"]["spec"]["serviceAccountName"]
+        == "default"
+    )
+
+
+@needs_helm
+def test_a_long_release_name_still_gives_valid_names(tmp_path):
+    release = "a" * 53  # Helm's longest release name
+    docs = render(tmp_path, None, release=release)
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        if doc["kind"] in ("Service", "Deployment", "ServiceAccount", "ConfigMap"):
+            assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
+    env = container_env(one(docs, "Deployment", f"{'a' * 49}-operator"))
+    admin = one(docs, "Service", f"{'a' * 49}-gateway-admin")["metadata"]["name"]
+    assert env["FAIRPOOL_GATEWAY_ADMIN_URL"] == f"http://{admin}.{NAMESPACE}:8081"
+
+
+@needs_helm
+def test_notes_print_the_next_two_commands_with_the_release_names(tmp_path):
+    # A client-side dry run renders NOTES.txt without a cluster (no kubeconfig at all).
+    done = subprocess.run(
+        [str(HELM), "install", "prod", str(CHART), "-n", "llm", "--dry-run=client"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert "kubectl apply -n llm -f examples/local.yaml" in notes
+    assert "kubectl wait -n llm --for=condition=Ready pod" in notes
+    assert "app.kubernetes.io/instance=prod,app.kubernetes.io/component=gateway" in notes
+    assert "kubectl port-forward -n llm svc/prod-gateway 8080:8080" in notes
+    assert "/v1/chat/completions" in notes and "Authorization: Bearer sk-local-light-0002" in notes
+    # The NOTES' key and model are the example's.
+    example = load_manifests(ROOT / "examples" / "local.yaml")
+    assert example.secrets["light-keys"].values()["key"] == "sk-local-light-0002"
+    assert f'"model": "{example.pools[0].spec.model.name}"' in notes
+
+
+# ------------------------------------------------------------------------- schema validation
+
+
+def validate_all(docs: list[Doc], version: str) -> None:
+    custom = {**crd_schemas(), **MONITOR_SCHEMAS}
+    for doc in docs:
+        key = (doc["apiVersion"], doc["kind"])
+        if key in custom:
+            assert crd_errors(doc, custom[key]) == [], key
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+@needs_helm
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_every_rendered_object_validates(default_docs, full_docs, version):
+    validate_all(default_docs, version)
+    validate_all(full_docs, version)
+
+
+@needs_helm
+def test_validation_would_catch_a_broken_object(default_docs):
+    deployment = json.loads(json.dumps(one(default_docs, "Deployment", "fp-gateway")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsUser"] = "x"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSIONS[-1], strict=True)
+    peering = json.loads(json.dumps(one(default_docs, "KopfPeering", "fairpool")))
+    peering["spec"] = {"unknown": 1}
+    assert crd_errors(peering, crd_schemas()["kopf.dev/v1", "KopfPeering"])
+
+
+def test_crds_validate_and_the_chart_holds_kopfs_peering_crds():
+    names = set()
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if crd:
+                for version in KUBE_VERSIONS:
+                    kubernetes_validate.validate(crd, version, strict=True)
+                names.add(crd["metadata"]["name"])
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= names
+    assert {"inferencepools.fairpool.io", "tenantquotas.fairpool.io"} <= names
+
+
+def test_chart_crds_are_byte_copies_of_the_generated_crds():
+    generated = sorted((ROOT / "crds").glob("*.yaml"))
+    assert generated, "crds/ holds no CRDs"
+    for path in generated:
+        copy = CHART / "crds" / path.name
+        assert copy.is_file() and copy.read_bytes() == path.read_bytes(), (
+            f"charts/fairpool/crds/{path.name} differs from crds/{path.name}: run `make chart`"
+        )
+    extra = {p.name for p in (CHART / "crds").iterdir()} - {p.name for p in generated}
+    assert extra == {"kopf-peering.yaml"}
+
+
+# ---------------------------------------------------------------------------- pod hardening
+
+
+def pod_specs(docs: list[Doc]) -> list[Doc]:
+    return [doc["spec"]["template"]["spec"] for doc in by_kind(docs, "Deployment")]
+
+
+@needs_helm
+def test_pods_run_as_non_root_with_read_only_root_filesystems(default_docs, full_docs):
+    for spec in pod_specs(default_docs) + pod_specs(full_docs):
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+        volumes = {volume["name"]: volume for volume in spec["volumes"]}
+        assert "emptyDir" in volumes["tmp"]
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["privileged"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+            assert set(container["resources"]) == {"requests", "limits"}
+            assert container["image"].endswith(":0.1.0") or container["image"] == "r/gw:dev"
+
+
+@needs_helm
+def test_root_user_is_refused_by_the_values_schema(tmp_path):
+    done = helm("template", "x", str(CHART), "--set", "podSecurity.runAsUser=0")
+    assert done.returncode != 0 and "/podSecurity/runAsUser" in done.stderr
+
+
+# -------------------------------------------------------------------- operator and gateway
+
+
+def container_env(deployment: Doc) -> dict[str, Any]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container.get("env", [])}
+
+
+@needs_helm
+def test_operator_command_and_environment_follow_the_contract(full_docs):
+    deployment = one(full_docs, "Deployment", "fp-operator")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == [
+        "fairpool",
+        "operator",
+        "--namespace",
+        NAMESPACE,
+        "--peering",
+        "fairpool",
+        "--liveness",
+        "http://0.0.0.0:8080/healthz",
+    ]
+    assert container["image"] == "ghcr.io/fairpool/operator:0.1.0"
+    env = container_env(deployment)
+    admin = one(full_docs, "Service", "fp-gateway-admin")
+    assert env["FAIRPOOL_NAMESPACE"] == NAMESPACE
+    assert env["FAIRPOOL_ENGINE_IMAGE"] == "ghcr.io/fairpool/engine:0.1.0"
+    assert env["FAIRPOOL_ENGINE_SIM_IMAGE"] == "ghcr.io/fairpool/engine-sim:0.1.0"
+    assert env["FAIRPOOL_GATEWAY_CONFIG_SECRET"] == "gw-config"
+    assert env["FAIRPOOL_GATEWAY_ADMIN_URL"] == f"http://fp-gateway-admin.{NAMESPACE}:8081"
+    assert admin["spec"]["ports"] == [
+        {"name": "admin", "port": 8081, "targetPort": "admin", "protocol": "TCP"}
+    ]
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # kopf's identity
+    assert env["FAIRPOOL_LOG_LEVEL"] == "debug"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    peering = one(full_docs, "KopfPeering", "fairpool")
+    assert peering["metadata"]["namespace"] == NAMESPACE
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "ops"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+@needs_helm
+def test_image_tags_default_to_the_app_version_and_can_be_overridden(tmp_path):
+    docs = render(tmp_path, None, "--set", "images.engine.tag=9.9,images.operator.tag=1.2")
+    deployment = one(docs, "Deployment", "fp-operator")
+    env = container_env(deployment)
+    assert env["FAIRPOOL_ENGINE_IMAGE"] == "ghcr.io/fairpool/engine:9.9"
+    assert env["FAIRPOOL_ENGINE_SIM_IMAGE"] == "ghcr.io/fairpool/engine-sim:0.1.0"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2")
+
+
+@needs_helm
+def test_one_operator_pod_is_replaced_not_rolled(default_docs):
+    operator = one(default_docs, "Deployment", "fp-operator")
+    assert operator["spec"]["replicas"] == 1
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@needs_helm
+def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
+    deployment = one(full_docs, "Deployment", "fp-gateway")
+    spec = deployment["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["command"] == [
+        "fairpool",
+        "gateway",
+        "--config",
+        "/etc/fairpool/gateway/gateway.yaml",
+    ]
+    assert container["image"] == "r/gw:dev"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    assert mount == {"name": "config", "mountPath": "/etc/fairpool/gateway", "readOnly": True}
+    volume = next(v for v in spec["volumes"] if v["name"] == "config")
+    assert volume["secret"]["secretName"] == "gw-config"
+    assert {(p["name"], p["containerPort"]) for p in container["ports"]} == {
+        ("http", 8080),
+        ("admin", 8081),
+    }
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    tenant, admin = (
+        one(full_docs, "Service", "fp-gateway"),
+        one(full_docs, "Service", "fp-gateway-admin"),
+    )
+    for service in (tenant, admin):
+        assert service["spec"]["selector"].items() <= labels.items()
+    assert tenant["spec"]["type"] == "LoadBalancer"
+    assert tenant["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert admin["spec"]["type"] == "ClusterIP"
+
+
+@needs_helm
+def test_ingress_exposes_the_tenant_api_only(full_docs):
+    (ingress,) = by_kind(full_docs, "Ingress")
+    backends = [
+        path["backend"]["service"]
+        for rule in ingress["spec"]["rules"]
+        for path in rule["http"]["paths"]
+    ]
+    assert backends == [{"name": "fp-gateway", "port": {"name": "http"}}]
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["rules"][0]["host"] == "llm.example.com"
+    assert ingress["spec"]["tls"] == [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]
+    assert "8081" not in yaml.safe_dump(ingress)
+
+
+@needs_helm
+def test_config_secret_starts_empty_is_kept_and_loads(default_docs, tmp_path):
+    secret = one(default_docs, "Secret", "fairpool-gateway-config")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    text = base64.b64decode(secret["data"]["gateway.yaml"]).decode()
+    assert text == EMPTY_GATEWAY_CONFIG
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    config = load_gateway_config(path)
+    assert config.pools == [] and config.tenants == []
+    assert (config.listen.port, config.admin.port) == (8080, 8081)
+    assert config.admin.host == "0.0.0.0"  # reachable through the admin Service
+
+
+@needs_helm
+def test_service_monitor_scrapes_the_admin_service(full_docs):
+    (monitor,) = by_kind(full_docs, "ServiceMonitor")
+    admin = one(full_docs, "Service", "fp-gateway-admin")
+    tenant = one(full_docs, "Service", "fp-gateway")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= admin["metadata"]["labels"].items()
+    assert not selector.items() <= tenant["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == admin["spec"]["ports"][0]["name"]
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    (pods,) = by_kind(full_docs, "PodMonitor")
+    relabel = pods["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_fairpool_io_pool"]
+    assert relabel["targetLabel"] == "pool"
+
+
+@needs_helm
+def test_chart_and_operator_share_the_contract(full_docs, default_docs):
+    """The names, paths, ports and labels the operator's code and the chart both rely on."""
+    contract = pytest.importorskip("fairpool_operator.contract")
+    deployment = one(default_docs, "Deployment", "fp-operator")
+    env = container_env(deployment)
+    assert {
+        contract.NAMESPACE_ENV,
+        contract.ENGINE_IMAGE_ENV,
+        contract.ENGINE_SIM_IMAGE_ENV,
+        contract.GATEWAY_SECRET_ENV,
+        contract.GATEWAY_ADMIN_URL_ENV,
+    } <= env.keys()
+    assert env[contract.GATEWAY_SECRET_ENV] == contract.DEFAULT_GATEWAY_SECRET
+    assert one(default_docs, "KopfPeering", contract.DEFAULT_PEERING)
+    assert one(default_docs, "Secret", contract.DEFAULT_GATEWAY_SECRET)
+    gateway = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]
+    mount = next(m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == "config")
+    assert mount["mountPath"] == contract.GATEWAY_DIR and "subPath" not in mount
+    command = gateway["containers"][0]["command"]
+    assert command[-1] == f"{contract.GATEWAY_DIR}/{contract.GATEWAY_KEY}"
+    ports = {p["name"]: p["containerPort"] for p in gateway["containers"][0]["ports"]}
+    assert ports == {
+        "http": contract.GATEWAY_LISTEN["port"],
+        "admin": contract.GATEWAY_ADMIN["port"],
+    }
+    assert env[contract.GATEWAY_ADMIN_URL_ENV].endswith(f":{contract.GATEWAY_ADMIN['port']}")
+    assert gateway["securityContext"]["runAsUser"] == contract.RUN_AS
+    (monitor,) = by_kind(full_docs, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= contract.engine_labels("chat").items()
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == contract.PORT_NAME
+    label = re.sub(r"[^a-zA-Z0-9_]", "_", contract.POOL_LABEL)
+    assert endpoint["relabelings"][0]["sourceLabels"] == [f"__meta_kubernetes_pod_label_{label}"]
+
+
+# ------------------------------------------------------------------------------------ RBAC
+
+
+def rules(docs: list[Doc], kind: str, name: str) -> list[tuple[str, str, str, str]]:
+    """(group, resource, verb, resourceName) tuples, so that the order does not matter."""
+    return sorted(
+        (group, resource, verb, name)
+        for rule in one(docs, kind, name)["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames", ["*"])
+    )
+
+
+def expand(*entries: tuple[str, list[str], list[str]] | tuple[str, list[str], list[str], str]):
+    return sorted(
+        (group, resource, verb, entry[3] if len(entry) == 4 else "*")
+        for entry in entries
+        for group in [entry[0]]
+        for resource in entry[1]
+        for verb in entry[2]
+    )
+
+
+@needs_helm
+def test_operator_role_is_exactly_the_contract(default_docs):
+    crud = ["get", "list", "watch", "create", "patch", "update", "delete"]
+    assert rules(default_docs, "Role", "fp-operator") == expand(
+        (
+            "fairpool.io",
+            ["inferencepools", "tenantquotas"],
+            ["get", "list", "watch", "patch", "update"],
+        ),
+        (
+            "fairpool.io",
+            ["inferencepools/status", "tenantquotas/status"],
+            ["get", "patch", "update"],
+        ),
+        ("fairpool.io", ["inferencepools/finalizers"], ["update"]),
+        ("apps", ["deployments"], crud),
+        ("", ["services", "configmaps"], crud),
+        ("", ["secrets"], ["get", "list", "watch", "create"]),
+        ("", ["secrets"], ["patch", "update"], "fairpool-gateway-config"),
+        ("", ["pods"], ["get", "list", "watch"]),
+        ("", ["events"], ["create", "patch"]),
+        ("kopf.dev", ["kopfpeerings"], ["get", "list", "watch", "patch"]),
+    )
+
+
+@needs_helm
+def test_no_cluster_wide_rights(default_docs, full_docs):
+    # The operator turns kopf's cluster discovery off, so nothing needs a ClusterRole.
+    for docs in (default_docs, full_docs):
+        assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+
+
+@needs_helm
+def test_gateway_role_only_watches_endpointslices(default_docs):
+    assert rules(default_docs, "Role", "fp-gateway") == expand(
+        ("discovery.k8s.io", ["endpointslices"], ["list", "watch"])
+    )
+
+
+@needs_helm
+def test_no_wildcards_and_bindings_name_the_right_accounts(full_docs):
+    for doc in by_kind(full_docs, "Role"):
+        for rule in doc["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+    accounts = {doc["metadata"]["name"] for doc in by_kind(full_docs, "ServiceAccount")}
+    assert accounts == {"ops", "fp-gateway"}
+    for doc in by_kind(full_docs, "RoleBinding"):
+        role = one(full_docs, doc["roleRef"]["kind"], doc["roleRef"]["name"])
+        (subject,) = doc["subjects"]
+        assert subject["namespace"] == NAMESPACE and subject["name"] in accounts
+        component = role["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert subject["name"] == {"operator": "ops", "gateway": "fp-gateway"}[component]
+    role = one(full_docs, "Role", "fp-operator")
+    assert ["gw-config"] in [rule.get("resourceNames") for rule in role["rules"]]
+
+
+# ------------------------------------------------------------------------ values.schema.json
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("gateway.replicas=two", "/gateway/replicas"),
+        ("operator.replicas=-1", "/operator/replicas"),
+        ("images.pullPolicy=Sometimes", "/images/pullPolicy"),
+        ("gateway.service.port=70000", "/gateway/service/port"),
+        ("gateway.service.type=Magic", "/gateway/service/type"),
+        ("gateway.unknown=1", "/gateway"),
+        ("metrics.serviceMonitor.interval=soon", "/metrics/serviceMonitor/interval"),
+        ("metrics.serviceMonitor.enabled=maybe", "/metrics/serviceMonitor/enabled"),
+        ("gateway.configSecretName=Bad_Name", "/gateway/configSecretName"),
+        ("gateway.ingress.hosts[0].paths[0].pathType=Any", "/gateway/ingress/hosts/0/paths/0"),
+        ("operator.resources.limits.cpu=lots", "/operator/resources/limits/cpu"),
+    ],
+)
+@needs_helm
+def test_values_schema_refuses_bad_values(setting, field):
+    done = helm("template", "x", str(CHART), "--set", setting)
+    assert done.returncode != 0, setting
+    assert field in done.stderr, done.stderr
+    lint = helm("lint", "--strict", str(CHART), "--set", setting)
+    assert lint.returncode != 0, setting
+
+
+def test_values_schema_is_complete():
+    """Every value in values.yaml is described by the schema (type given, no open object
+    without a reason), and the schema refuses unknown keys at every level it describes."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: Any, node: Doc, path: str) -> None:
+        assert "type" in node or "oneOf" in node, path
+        if isinstance(value, dict) and "properties" in node:
+            assert node.get("additionalProperties") is False, path
+            for key, item in value.items():
+                assert key in node["properties"], f"{path}.{key} has no schema"
+                walk(item, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "values")
+
+
+# -------------------------------------------------------------------------------- dashboard
+
+
+def known_metric_names() -> set[str]:
+    from fairpool_engine.sim_metrics import EngineMetrics
+    from fairpool_gateway.metrics import GatewayMetrics
+
+    gateway = GatewayMetrics()
+    gateway.add_state(lambda: iter(()), lambda: iter(()), lambda: iter(()))
+    engine = CollectorRegistry()
+    EngineMetrics("model", registry=engine)
+    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+    return {
+        family.name + suffix
+        for registry in (gateway.registry, engine)
+        for family in registry.collect()
+        for suffix in suffixes[family.type]
+    }
+
+
+@needs_helm
+def test_dashboard_configmap_holds_the_dashboard_and_its_metrics_exist(default_docs):
+    configmap = one(default_docs, "ConfigMap", "fp-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    text = (CHART / "dashboards" / "fairpool.json").read_text()
+    assert configmap["data"]["fairpool.json"] == text.rstrip("\n")
+    dashboard = json.loads(text)
+    assert dashboard["uid"] == "fairpool"
+    panels = [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    assert all(panel["targets"] for panel in panels)
+    used = {
+        name
+        for expr in exprs
+        for name in re.findall(r"\b((?:fairpool_|vllm:)[a-zA-Z0-9_:]+)", expr)
+    }
+    assert used <= known_metric_names(), used - known_metric_names()
+    for needed in (
+        "fairpool_gateway_service_total",
+        "fairpool_gateway_time_to_first_token_seconds_bucket",
+        "fairpool_gateway_request_duration_seconds_bucket",
+        "fairpool_gateway_deficit",
+        "fairpool_gateway_queued",
+        "fairpool_gateway_worker_healthy",
+        "fairpool_gateway_rejections_total",
+        "fairpool_engine_tenant_service_total",
+        "vllm:kv_cache_usage_perc",
+    ):
+        assert needed in used, needed
+    for expr in exprs:  # balanced brackets, at least
+        for left, right in ("()", "{}", "[]"):
+            assert expr.count(left) == expr.count(right), expr
+    titles = " ".join(panel["title"] for panel in panels)
+    for word in ("share", "first token", "deficits", "rotation", "Rejections"):
+        assert word in titles, word
+
+
+# -------------------------------------------------------------------------------- examples
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_examples_load_and_validate_against_the_crds(path):
+    load_manifests(path)  # the models accept them (what `fairpool up` and the operator read)
+    schemas = crd_schemas()
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        key = (doc["apiVersion"], doc["kind"])
+        if key in schemas:
+            assert crd_errors(doc, schemas[key]) == [], (path.name, doc["metadata"]["name"])
+        else:
+            kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_the_kubernetes_examples_are_a_pool_and_two_tenants_with_keys():
+    gpu = load_manifests(ROOT / "examples" / "gpu.yaml")
+    (pool,) = gpu.pools
+    assert pool.spec.engine.kind == "vllm" and pool.spec.engine.resources.gpus == 1
+    assert pool.spec.model.source is not None and pool.spec.model.source.pvc is not None
+    assert len(gpu.quotas) == 2
+    for quota in gpu.quotas:
+        assert quota.spec.api_key_secret_ref is not None
+        assert quota.spec.api_key_secret_ref.name in gpu.secrets
+    slo = load_manifests(ROOT / "examples" / "tenants-slo.yaml")
+    classes = {quota.tenant: quota.spec.slo for quota in slo.quotas}
+    assert classes["chat"].slo_class == "interactive"
+    assert classes["chat"].ttft_seconds and classes["chat"].tbt_seconds
+    assert classes["batch"].slo_class == "batch"
+
+
+def test_a_bad_example_is_caught_by_the_crd_schema():
+    schema = crd_schemas()["fairpool.io/v1alpha1", "TenantQuota"]
+    bad = {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantQuota",
+        "metadata": {"name": "x"},
+        "spec": {"weight": -1, "limitz": {}},
+    }
+    errors = crd_errors(bad, schema)
+    assert any(error.startswith("spec.weight") for error in errors)
+    assert any("limitz" in error for error in errors)
+
+
+# ------------------------------------------------------------------------------- fetch_helm
+
+
+@needs_helm
+def test_fetch_helm_is_idempotent():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "fetch_helm.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "already there" in done.stdout
+    version = subprocess.run([str(HELM), "version", "--short"], capture_output=True, text=True)
+    assert version.stdout.startswith("v4.")

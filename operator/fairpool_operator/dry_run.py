@@ -1,0 +1,96 @@
+"""`fairpool render -f FILE.yaml`: what the operator would create for the manifests in a
+file, without a cluster — the same planning and rendering functions, printed.
+
+Pools, tenants and key Secrets are read as the API would hold them (no uid yet: owner
+references name the pool and show a placeholder uid). Problems the operator would put in a
+status condition are reported on stderr, naming the object and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fairpool.sched.errors import ConfigError
+from fairpool_operator.config import OperatorConfig
+from fairpool_operator.plan import NamespacePlan, plan_namespace
+
+KINDS = ("InferencePool", "TenantQuota", "Secret")
+
+
+@dataclass(frozen=True)
+class Rendering:
+    objects: list[dict[str, Any]]
+    problems: list[str]  # "InferencePool chat: spec.model.source: ..."
+
+
+def render_files(
+    paths: Sequence[str | Path], namespace: str | None = None, environ: dict[str, str] | None = None
+) -> Rendering:
+    """The objects for the manifests in `paths`, in the order the operator writes them."""
+    config = OperatorConfig.from_environment(environ, namespace=namespace)
+    documents = [document for path in paths for document in read_documents(Path(path))]
+    pools = [doc for doc in documents if doc.get("kind") == "InferencePool"]
+    quotas = [doc for doc in documents if doc.get("kind") == "TenantQuota"]
+    secrets = {
+        str(doc.get("metadata", {}).get("name")): doc
+        for doc in documents
+        if doc.get("kind") == "Secret"
+    }
+    plan = plan_namespace(pools, quotas, secrets, config)
+    return Rendering(plan.objects, problems(plan))
+
+
+def problems(plan: NamespacePlan) -> list[str]:
+    found = [
+        f"InferencePool {pool.name}: {pool.problem.message}" for pool in plan.pools if pool.problem
+    ]
+    found += [
+        f"TenantQuota {tenant.name}: {tenant.problem.message}"
+        for tenant in plan.tenants
+        if tenant.problem
+    ]
+    return found
+
+
+def format_objects(objects: list[dict[str, Any]], output: str) -> str:
+    """YAML documents (files embedded as block literals, readable), or a JSON List."""
+    if output == "json":
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line strings (the embedded scheduler.yaml, gateway.yaml) as `|` blocks."""
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def read_documents(path: Path) -> list[dict[str, Any]]:
+    """The InferencePool, TenantQuota and Secret documents of a (multi-document) YAML file."""
+    if not path.is_file():
+        raise ConfigError("-f", f"no such file: {path}")
+    try:
+        documents = list(yaml.safe_load_all(path.read_text()))
+    except yaml.YAMLError as error:
+        raise ConfigError(path.name, f"not valid YAML: {error}") from None
+    found = []
+    for number, document in enumerate(documents, start=1):
+        if document is None:
+            continue
+        if not isinstance(document, dict):
+            raise ConfigError(f"{path.name}, document {number}", "must be a mapping")
+        if document.get("kind") in KINDS:
+            found.append(document)
+    return found

@@ -1,0 +1,138 @@
+"""The kopf handlers: each is one call into `runtime.Operator`; the work is in `reconcile`.
+
+- pools and tenants created, updated, resumed (operator start) or deleted: full reconcile;
+- a Secret a tenant names changes (a key rotated): full reconcile;
+- an engine Deployment changes: its pool's status (replicas, pods); one of the operator's
+  Deployments, Services or ConfigMaps deleted: full reconcile (it is recreated);
+- a timer on every tenant, every FAIRPOOL_SERVED_INTERVAL seconds (30): the gateway's served
+  numbers (fetched once for all tenants), and a full reconcile if none ran for 5 minutes.
+
+No handler raises for a bad spec — that is a status condition — so nothing loops on one;
+API errors are retried by kopf after a delay. kopf keeps its own bookkeeping in annotations
+(`kopf.fairpool.io/…`), never in status, so the CRDs' status schemas need no room for it.
+Pools carry no finalizer: nothing has to run before one goes (owner references delete its
+objects; the reconcile its deletion triggers, or the next one, drops it from the gateway).
+Tenants carry kopf's finalizer `fairpool.io/kopf-finalizer`, which kopf adds for the timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from fairpool_operator import contract
+from fairpool_operator.api import ApiError
+from fairpool_operator.config import OperatorConfig, _seconds
+from fairpool_operator.kube import KubernetesApi
+from fairpool_operator.reconcile import Reconciler, Write
+from fairpool_operator.runtime import Operator
+
+POOLS = (contract.GROUP, contract.VERSION, contract.POOL_PLURAL)
+TENANTS = (contract.GROUP, contract.VERSION, contract.TENANT_PLURAL)
+SERVED_INTERVAL = _seconds(os.environ, contract.SERVED_INTERVAL_ENV, 30.0)
+RETRY_DELAY = 10.0
+RESYNC_INTERVAL = 300.0
+ANNOTATIONS = "kopf.fairpool.io"
+FINALIZER = "fairpool.io/kopf-finalizer"
+OWN = {contract.MANAGED_BY_LABEL: contract.MANAGED_BY}
+
+log = logging.getLogger("fairpool.operator")
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf's settings for a namespaced, least-privilege operator."""
+    # No cluster-wide scans of namespaces and CRDs: the operator watches one namespace and
+    # its CRDs are installed before it starts (the chart's crds/), so it needs no ClusterRole.
+    settings.scanning.disabled = True
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATIONS)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATIONS, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING  # Kubernetes Events for warnings and errors only
+    settings.peering.stealth = True  # no log line per keep-alive
+    settings.watching.server_timeout = 300  # watches end and resume from their resourceVersion
+
+
+@kopf.on.startup()
+def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure(settings)
+    config = memo.get("config") or OperatorConfig.from_environment()
+    memo.operator = Operator.for_config(Reconciler(KubernetesApi(config.namespace), config))
+    log.info("fairpool operator for namespace %s", config.namespace)
+    try:  # the gateway's Secret, even before any pool or tenant exists
+        _log(memo.operator.reconcile())
+    except ApiError as error:
+        log.warning("first reconcile failed, the handlers will retry: %s", error)
+
+
+@kopf.on.resume(*POOLS)
+@kopf.on.create(*POOLS)
+@kopf.on.update(*POOLS)
+def pool_changed(memo: kopf.Memo, **_: Any) -> None:
+    _reconcile(memo)
+
+
+@kopf.on.resume(*TENANTS)
+@kopf.on.create(*TENANTS)
+@kopf.on.update(*TENANTS)
+def tenant_changed(memo: kopf.Memo, **_: Any) -> None:
+    _reconcile(memo)
+
+
+@kopf.on.event(*POOLS)
+@kopf.on.event(*TENANTS)
+def deleted(type: str, memo: kopf.Memo, **_: Any) -> None:
+    """The reconcile recomputes the gateway's Secret and the weights from what exists."""
+    if type == "DELETED":
+        _reconcile(memo)
+
+
+def _referenced(name: str, memo: kopf.Memo, **_: Any) -> bool:
+    operator = memo.get("operator")
+    return operator is not None and name in operator.referenced_secrets
+
+
+@kopf.on.event("", "v1", "secrets", when=_referenced)
+def key_secret_changed(type: str, memo: kopf.Memo, **_: Any) -> None:
+    if type is not None:  # not the initial listing
+        _reconcile(memo)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OWN)
+@kopf.on.event("", "v1", "services", labels=OWN)
+@kopf.on.event("", "v1", "configmaps", labels=OWN)
+def child_changed(
+    type: str, body: kopf.Body, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+) -> None:
+    pool = labels.get(contract.POOL_LABEL)
+    if pool is None or "operator" not in memo:
+        return
+    if type == "DELETED":
+        _reconcile(memo)
+    elif type is not None and body.get("kind") == "Deployment":
+        _log(memo.operator.refresh_pool_status(pool))
+
+
+@kopf.timer(*TENANTS, interval=SERVED_INTERVAL, initial_delay=1.0)
+def tenant_timer(memo: kopf.Memo, **_: Any) -> None:
+    """The gateway's served numbers; and, should no event have caused one for
+    RESYNC_INTERVAL seconds, a full reconcile (a safety net for lost events)."""
+    _log(memo.operator.poll_served(max_age=SERVED_INTERVAL / 2))
+    _log(memo.operator.reconcile(max_age=RESYNC_INTERVAL))
+
+
+def _reconcile(memo: kopf.Memo) -> None:
+    try:
+        _log(memo.operator.reconcile())
+    except ApiError as error:
+        raise kopf.TemporaryError(str(error), delay=RETRY_DELAY) from None
+
+
+def _log(writes: list[Write] | None) -> None:
+    if writes:
+        log.info("wrote %s", ", ".join(str(write) for write in writes))

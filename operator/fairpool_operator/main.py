@@ -1,0 +1,50 @@
+"""`fairpool operator`: the kopf operator, run in-process for one namespace."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+
+from fairpool.sched.errors import ConfigError
+from fairpool_operator.config import OperatorConfig
+
+
+def run(
+    namespace: str | None,
+    peering: str,
+    standalone: bool,
+    liveness: str | None,
+    priority: int | None,
+    verbose: bool = False,
+) -> int:
+    """Runs until SIGINT/SIGTERM. With peering, the operator replica of the highest
+    priority works and the others wait (kopf's peering through the KopfPeering `peering`)."""
+    try:
+        import kopf
+    except ImportError:
+        raise ConfigError(
+            "fairpool operator", "needs the operator extra: pip install 'fairpool[operator]'"
+        ) from None
+    config = OperatorConfig.from_environment(namespace=namespace)
+    kopf.configure(verbose=verbose)
+    import fairpool_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    kopf.run(
+        namespaces=[config.namespace],
+        standalone=standalone,
+        peering_name=None if standalone else peering,
+        priority=default_priority() if priority is None else priority,
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
+
+
+def default_priority() -> int:
+    """Distinct among replicas (kopf freezes operators of equal priority): the pod's IP as a
+    number (the chart sets POD_IP), else a random one."""
+    try:
+        return 1 + int(ipaddress.ip_address(os.environ.get("POD_IP", ""))) % (2**31 - 2)
+    except ValueError:
+        return random.SystemRandom().randint(1, 2**31 - 1)

@@ -1,0 +1,272 @@
+"""What a namespace should hold, from its pools, tenants and key Secrets: a pure function.
+
+`plan_namespace` validates every InferencePool and TenantQuota (as the API holds them: the
+CRD schema cannot say "exactly one of path, pvc, hub" or "vllm needs model.source"), settles
+duplicates (the older object keeps a model name or a tenant id), reads each tenant's keys,
+and renders every pool's objects and the gateway's Secret. Whatever is wrong becomes a
+`Problem` naming the field, for the object's status; nothing raises. The operator applies
+the plan; `fairpool render` prints it.
+
+An invalid pool loses nothing it had: its objects are not rendered (so the ones running stay
+as they are) and its entry in the gateway's configuration, if it had one, is kept. A pool
+or tenant being deleted (deletionTimestamp set) is planned as gone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairpool.api.common import API_VERSION
+from fairpool.api.gateway_config import (
+    GatewayConfig,
+    GatewayPool,
+    KubernetesWorkers,
+    WorkerSource,
+    api_keys,
+    gateway_pool,
+    gateway_tenant,
+)
+from fairpool.api.inference_pool import InferencePool
+from fairpool.api.manifests import Manifests, Secret
+from fairpool.api.tenant_quota import TenantQuota
+from fairpool.api.validation import validate
+from fairpool.sched.errors import ConfigError
+from fairpool_operator import contract
+from fairpool_operator.config import OperatorConfig
+from fairpool_operator.render import Manifest, gateway_secret, pool_objects
+
+#: Service names are DNS-1035 labels: a letter first, at most 63 characters with "-engine".
+POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,54}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why an object is not (fully) in effect; `message` starts with the field."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class PoolPlan:
+    name: str
+    body: Mapping[str, Any]
+    pool: InferencePool | None  # None: invalid, nothing rendered
+    objects: list[Manifest] = field(default_factory=list)
+    problem: Problem | None = None
+
+
+@dataclass
+class TenantPlan:
+    name: str
+    body: Mapping[str, Any]
+    quota: TenantQuota | None  # None: invalid
+    problem: Problem | None = None  # the tenant is not Ready
+    secret_problem: Problem | None = None  # the SecretMissing condition
+    note: str = ""  # a remark for the Ready condition's message
+    in_gateway: bool = False
+
+
+@dataclass
+class NamespacePlan:
+    pools: list[PoolPlan]
+    tenants: list[TenantPlan]
+    gateway: GatewayConfig
+    gateway_secret: Manifest
+
+    @property
+    def objects(self) -> list[Manifest]:
+        """Every object to create or update, in order: each pool's, then the gateway's."""
+        return [obj for pool in self.pools for obj in pool.objects] + [self.gateway_secret]
+
+
+def plan_namespace(
+    pools: Iterable[Mapping[str, Any]],
+    quotas: Iterable[Mapping[str, Any]],
+    secrets: Mapping[str, Mapping[str, Any]],
+    config: OperatorConfig,
+    previous_gateway: GatewayConfig | None = None,
+) -> NamespacePlan:
+    """The plan for a namespace. `secrets` holds (at least) the Secrets the tenants name;
+    `previous_gateway` is the configuration last written, whose entries of pools that are
+    invalid now are kept."""
+    pools_planned = pool_plans(body for body in pools if not _deleting(body))
+    tenant_plans = _tenant_plans(body for body in quotas if not _deleting(body))
+    accepted = [plan.quota for plan in tenant_plans if plan.quota is not None and not plan.problem]
+    for plan in pools_planned:
+        if plan.pool is not None:
+            plan.objects = pool_objects(plan.pool, accepted, config)
+
+    valid = [plan.pool for plan in pools_planned if plan.pool is not None]
+    entries = [gateway_pool(pool, _workers(pool, config)) for pool in valid]
+    entries += _kept_entries(pools_planned, entries, previous_gateway)
+    entries.sort(key=lambda entry: entry.name)
+    known = {entry.name for entry in entries}
+    tenants = []
+    for tenant in tenant_plans:
+        if tenant.quota is None or tenant.problem is not None:
+            continue
+        keys = _keys(tenant, secrets, config.namespace)
+        if keys is None:
+            continue
+        wanted = tenant.quota.spec.pools
+        allowed = [name for name in wanted if name in known]
+        missing = [name for name in wanted if name not in known]
+        if wanted and not allowed:
+            tenant.problem = Problem(
+                "PoolNotFound", f"spec.pools: no InferencePool named {', '.join(missing)} exists"
+            )
+            continue
+        if missing:
+            tenant.note = f"spec.pools: {', '.join(missing)} not found (ignored until created)"
+        tenants.append(gateway_tenant(tenant.quota, keys, allowed))
+        tenant.in_gateway = True
+    gateway = validate(
+        GatewayConfig,
+        {
+            "listen": contract.GATEWAY_LISTEN,
+            "admin": contract.GATEWAY_ADMIN,
+            "pools": entries,
+            "tenants": tenants,
+        },
+        "gateway configuration",
+    )
+    secret = gateway_secret(gateway, config.namespace, config.gateway_secret)
+    return NamespacePlan(pools_planned, tenant_plans, gateway, secret)
+
+
+def secret_names(quotas: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The Secrets the (valid) TenantQuotas name: what the operator reads before planning."""
+    names = set()
+    for body in quotas:
+        quota = _parse(TenantQuota, "TenantQuota", body)
+        if isinstance(quota, TenantQuota) and quota.spec.api_key_secret_ref is not None:
+            names.add(quota.spec.api_key_secret_ref.name)
+    return names
+
+
+def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[PoolPlan]:
+    """Each pool validated, by name; of pools serving the same model the oldest wins."""
+    plans = []
+    models: dict[str, str] = {}
+    for body in sorted(bodies, key=_age):
+        name = str(body.get("metadata", {}).get("name", ""))
+        parsed = _parse(InferencePool, "InferencePool", body)
+        if isinstance(parsed, Problem):
+            plans.append(PoolPlan(name, body, None, problem=parsed))
+        elif not POOL_NAME.match(name):
+            message = "metadata.name: must start with a letter and have at most 56 characters"
+            plans.append(PoolPlan(name, body, None, problem=Problem("InvalidSpec", message)))
+        elif parsed.spec.model.name in models:
+            owner = models[parsed.spec.model.name]
+            message = (
+                f"spec.model.name: model {parsed.spec.model.name!r} is already served by "
+                f"InferencePool {owner}"
+            )
+            plans.append(PoolPlan(name, body, None, problem=Problem("DuplicateModel", message)))
+        else:
+            models[parsed.spec.model.name] = name
+            plans.append(PoolPlan(name, body, parsed))
+    return sorted(plans, key=lambda plan: plan.name)
+
+
+def _tenant_plans(bodies: Iterable[Mapping[str, Any]]) -> list[TenantPlan]:
+    plans = []
+    tenants: dict[str, str] = {}
+    for body in sorted(bodies, key=_age):
+        name = str(body.get("metadata", {}).get("name", ""))
+        parsed = _parse(TenantQuota, "TenantQuota", body)
+        if isinstance(parsed, Problem):
+            plans.append(TenantPlan(name, body, None, problem=parsed))
+        elif parsed.tenant in tenants:
+            owner = tenants[parsed.tenant]
+            message = f"spec.tenant: tenant {parsed.tenant!r} is defined by TenantQuota {owner}"
+            plans.append(
+                TenantPlan(name, body, parsed, problem=Problem("DuplicateTenant", message))
+            )
+        else:
+            tenants[parsed.tenant] = name
+            plans.append(TenantPlan(name, body, parsed))
+    return sorted(plans, key=lambda plan: plan.name)
+
+
+def _keys(
+    plan: TenantPlan, secrets: Mapping[str, Mapping[str, Any]], namespace: str
+) -> list[str] | None:
+    """The tenant's API keys; None, with the plan's problems set, when it has none."""
+    assert plan.quota is not None
+    reference = plan.quota.spec.api_key_secret_ref
+    where = "spec.apiKeySecretRef"
+    if reference is None:
+        plan.problem = Problem("NoApiKeys", f"{where}: not set; no API key reaches this tenant")
+        return None
+    body = secrets.get(reference.name)
+    if body is None:
+        reason = "SecretNotFound"
+        message = f"{where}: Secret {reference.name!r} not found in namespace {namespace}"
+    else:
+        reason = "SecretInvalid"
+        try:
+            secret = validate(Secret, {"apiVersion": "v1", "kind": "Secret", **body}, "Secret")
+            values = secret.values()
+            if reference.key is not None and reference.key not in values:
+                reason = "KeyNotFound"
+                message = f"{where}: Secret {reference.name!r} has no key {reference.key!r}"
+            else:
+                reason = "NoKeys"
+                return api_keys(Manifests(secrets={reference.name: secret}), reference, where)
+        except ConfigError as error:
+            message = str(error)
+    plan.secret_problem = Problem(reason, message)
+    plan.problem = plan.secret_problem
+    return None
+
+
+def _kept_entries(
+    plans: list[PoolPlan], entries: list[GatewayPool], previous: GatewayConfig | None
+) -> list[GatewayPool]:
+    """Gateway entries of pools that are invalid now, as last written, while they collide with
+    no valid pool: a bad edit does not take a serving pool off the gateway."""
+    if previous is None:
+        return []
+    invalid = {plan.name for plan in plans if plan.pool is None}
+    names = {entry.name for entry in entries}
+    models = {entry.model for entry in entries}
+    return [
+        entry
+        for entry in previous.pools
+        if entry.name in invalid and entry.name not in names and entry.model not in models
+    ]
+
+
+def _workers(pool: InferencePool, config: OperatorConfig) -> WorkerSource:
+    service = contract.engine_name(pool.name)
+    source = KubernetesWorkers(namespace=config.namespace, service=service, portName="http")
+    return WorkerSource(kubernetes=source)
+
+
+def _parse(
+    model: type[InferencePool] | type[TenantQuota], kind: str, body: Mapping[str, Any]
+) -> Any:
+    """The object, or a Problem naming the field (list items may lack apiVersion and kind)."""
+    document = {"apiVersion": API_VERSION, "kind": kind, **body}
+    document.pop("status", None)  # the operator's own writing, not the user's input
+    try:
+        return validate(model, document, kind)
+    except ConfigError as error:
+        field_name = error.parameter.removeprefix(f"{kind}: ")
+        return Problem("InvalidSpec", f"{field_name}: {error.problem}")
+
+
+def _deleting(body: Mapping[str, Any]) -> bool:
+    """Being deleted (a finalizer still holds it): gone, as far as the plan goes, so that the
+    objects the garbage collector removes are not made again."""
+    return bool(body.get("metadata", {}).get("deletionTimestamp"))
+
+
+def _age(body: Mapping[str, Any]) -> tuple[str, str]:
+    metadata = body.get("metadata", {})
+    return (str(metadata.get("creationTimestamp") or ""), str(metadata.get("name") or ""))

@@ -1,0 +1,336 @@
+"""Bringing a namespace to its plan through the `Api` interface, writing only what differs.
+
+A reconcile reads the pools, tenants and the Secrets they name, plans (`plan.plan_namespace`),
+and for every planned object creates it if it is missing, applies it if it differs from what
+the API holds, and leaves it alone otherwise; then it writes the statuses that changed. So a
+reconcile with nothing changed writes nothing, and a tenant's weight change rewrites exactly
+the scheduler ConfigMaps of the pools the tenant may use and the gateway's Secret.
+
+An object is up to date when it carries the digest of the current rendering
+(`fairpool.io/rendered-hash`: a field removed from the rendering changes it) and still holds
+every rendered field (someone's `kubectl edit` does not). Fields the API server adds
+(defaults, status) and fields others own are not the operator's business.
+
+Nothing here knows kopf: the handlers call in, tests call with a fake `Api`.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import yaml
+
+from fairpool.api.gateway_config import GatewayConfig
+from fairpool_operator import contract
+from fairpool_operator.api import (
+    DEPLOYMENT,
+    POD,
+    POOL,
+    SECRET,
+    TENANT,
+    Api,
+    ApiError,
+    Kind,
+    kind_of,
+)
+from fairpool_operator.config import OperatorConfig
+from fairpool_operator.plan import (
+    PoolPlan,
+    Problem,
+    plan_namespace,
+    pool_plans,
+    secret_names,
+)
+from fairpool_operator.render import Manifest
+from fairpool_operator.served import Served
+from fairpool_operator.status import (
+    carried_problem,
+    pool_status,
+    status_patch,
+    tenant_status,
+)
+
+log = logging.getLogger("fairpool.operator")
+
+
+@dataclass(frozen=True)
+class Write:
+    """One request that changed something: create, apply or status."""
+
+    verb: str
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.verb} {self.kind}/{self.name}"
+
+
+class Conflict(Exception):
+    """An object of the planned name exists and someone else manages it."""
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reconciler:
+    """Reconciles one namespace; every method returns the writes it made."""
+
+    def __init__(
+        self, api: Api, config: OperatorConfig, clock: Callable[[], str] = utc_now
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.clock = clock
+        #: The Secrets the tenants named at the last reconcile (whose changes matter).
+        self.referenced_secrets: frozenset[str] = frozenset()
+
+    def reconcile(self) -> list[Write]:
+        """Everything: every pool's objects and status, the gateway's Secret, every tenant's
+        status."""
+        pools = self.api.list(POOL)
+        quotas = self.api.list(TENANT)
+        names = secret_names(quotas)
+        self.referenced_secrets = frozenset(names)
+        secrets = {}
+        for name in sorted(names):
+            body = self.api.get(SECRET, name)
+            if body is not None:
+                secrets[name] = body
+        current_gateway = self.api.get(SECRET, self.config.gateway_secret)
+        plan = plan_namespace(pools, quotas, secrets, self.config, gateway_of(current_gateway))
+
+        writes: list[Write] = []
+        for pool in plan.pools:
+            self._reconcile_pool(pool, writes)
+        self._apply_to(plan.gateway_secret, current_gateway, writes, adopt=True)
+        for tenant in plan.tenants:
+            self._write_status(TENANT, tenant.name, tenant.body, tenant_status(tenant), writes)
+        return writes
+
+    def refresh_pool_status(self, name: str) -> list[Write]:
+        """The status of one pool, from its Deployment and pods (after their changes)."""
+        body = self.api.get(POOL, name)
+        if body is None:
+            return []
+        (plan,) = pool_plans([body])
+        problem = plan.problem or carried_problem(body.get("status"))
+        deployment = self.api.get(DEPLOYMENT, contract.engine_name(name))
+        if deployment is not None and not managed(deployment):
+            deployment = None
+        pods = self.api.list(POD, {contract.POOL_LABEL: name})
+        writes: list[Write] = []
+        desired = pool_status(replace(plan, problem=problem), deployment, pods)
+        self._write_status(POOL, name, body, desired, writes)
+        return writes
+
+    def record_served(self, served: Mapping[str, Served]) -> list[Write]:
+        """The gateway's served tokens and service on the tenants it reported (and changed)."""
+        writes: list[Write] = []
+        for body in self.api.list(TENANT):
+            metadata = body.get("metadata", {})
+            tenant = (body.get("spec") or {}).get("tenant") or metadata.get("name")
+            numbers = served.get(str(tenant))
+            if numbers is None:
+                continue
+            desired: dict[str, Any] = {
+                "servedTokens": numbers.tokens,
+                "servedService": numbers.service,
+            }
+            current = body.get("status") or {}
+            if all(current.get(key) == value for key, value in desired.items()):
+                continue
+            desired["lastReported"] = self.clock()
+            self._patch_status(TENANT, str(metadata.get("name")), desired, writes)
+        return writes
+
+    # ------------------------------------------------------------------ internals
+
+    def _reconcile_pool(self, plan: PoolPlan, writes: list[Write]) -> None:
+        deployment: dict[str, Any] | None = None
+        problem = plan.problem
+        for obj in plan.objects:
+            try:
+                result = self._apply(obj, writes)
+            except Conflict as conflict:
+                problem = Problem("Conflict", str(conflict))
+                continue
+            if obj["kind"] == "Deployment":
+                deployment = result
+        if not plan.objects or deployment is None:  # invalid, or not ours: show what runs
+            deployment = self.api.get(DEPLOYMENT, contract.engine_name(plan.name))
+            if deployment is not None and not managed(deployment):
+                deployment = None
+        pods = self.api.list(POD, {contract.POOL_LABEL: plan.name})
+        desired = pool_status(replace(plan, problem=problem), deployment, pods)
+        self._write_status(POOL, plan.name, plan.body, desired, writes)
+
+    def _apply(self, desired: Manifest, writes: list[Write]) -> dict[str, Any]:
+        current = self.api.get(kind_of(desired), desired["metadata"]["name"])
+        return self._apply_to(desired, current, writes)
+
+    def _apply_to(
+        self,
+        desired: Manifest,
+        current: Mapping[str, Any] | None,
+        writes: list[Write],
+        adopt: bool = False,
+    ) -> dict[str, Any]:
+        """Creates `desired`, or applies it over `current` if that differs."""
+        kind = kind_of(desired)
+        name = desired["metadata"]["name"]
+        wire = wire_form(desired)
+        if current is None:
+            try:
+                result = self.api.create(wire)
+            except ApiError as error:
+                if error.status != 409:
+                    raise
+                current = self.api.get(kind, name)  # created meanwhile: compare as usual
+            else:
+                writes.append(Write("create", kind.kind, name))
+                log.info("created %s %s", kind.kind, name)
+                return result
+        if current is None:
+            raise ApiError(409, f"{kind.kind} {name} exists but cannot be read")
+        if not adopt and not managed(current):
+            raise Conflict(
+                f"{kind.kind} {name} exists and is not managed by {contract.MANAGED_BY}; "
+                "rename the pool or delete the object"
+            )
+        if up_to_date(current, wire):
+            return dict(current)
+        result = self.api.apply(wire)
+        writes.append(Write("apply", kind.kind, name))
+        log.info("updated %s %s", kind.kind, name)
+        return result
+
+    def _write_status(
+        self,
+        kind: Kind,
+        name: str,
+        body: Mapping[str, Any],
+        desired: Mapping[str, Any],
+        writes: list[Write],
+    ) -> None:
+        patch = status_patch(body.get("status"), desired, self.clock())
+        if patch is not None:
+            self._patch_status(kind, name, patch, writes)
+
+    def _patch_status(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], writes: list[Write]
+    ) -> None:
+        try:
+            self.api.patch_status(kind, name, patch)
+        except ApiError as error:
+            if error.status == 404:  # deleted meanwhile
+                return
+            raise
+        writes.append(Write("status", kind.kind, name))
+
+
+def managed(obj: Mapping[str, Any]) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return bool(labels.get(contract.MANAGED_BY_LABEL) == contract.MANAGED_BY)
+
+
+def wire_form(manifest: Manifest) -> Manifest:
+    """The object as sent to and returned by the API: a Secret's stringData base64-encoded
+    into data (the API stores data only, so that is what compares)."""
+    if "stringData" not in manifest:
+        return manifest
+    wire = {key: value for key, value in manifest.items() if key != "stringData"}
+    encoded = {
+        key: base64.b64encode(value.encode()).decode()
+        for key, value in manifest["stringData"].items()
+    }
+    wire["data"] = {**manifest.get("data", {}), **encoded}
+    return wire
+
+
+def up_to_date(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether `current` carries the digest of `desired` and every field of it."""
+    digest = desired["metadata"].get("annotations", {}).get(contract.HASH_ANNOTATION)
+    annotations = current.get("metadata", {}).get("annotations") or {}
+    if annotations.get(contract.HASH_ANNOTATION) != digest:
+        return False
+    wanted = {key: value for key, value in desired.items() if key not in ("apiVersion", "kind")}
+    metadata = desired["metadata"]
+    wanted["metadata"] = {
+        key: metadata[key]
+        for key in ("labels", "annotations", "ownerReferences")
+        if key in metadata
+    }
+    return contains(current, wanted)
+
+
+def contains(current: Any, desired: Any, path: Sequence[str] = ()) -> bool:
+    """Whether `current` holds `desired`: every key of a mapping (others may be added),
+    lists item by item, quantities under `resources` by value ("0.5" is "500m")."""
+    if isinstance(desired, Mapping):
+        return isinstance(current, Mapping) and all(
+            key in current and contains(current[key], value, (*path, str(key)))
+            for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(current, list)
+            and len(current) == len(desired)
+            and all(contains(c, d, path) for c, d in zip(current, desired, strict=True))
+        )
+    if current == desired:
+        return True
+    if "resources" in path:
+        return _quantity(current) is not None and _quantity(current) == _quantity(desired)
+    return False
+
+
+def gateway_of(secret: Mapping[str, Any] | None) -> GatewayConfig | None:
+    """The configuration in the gateway's Secret as the API holds it (None if unreadable)."""
+    if secret is None:
+        return None
+    encoded = (secret.get("data") or {}).get(contract.GATEWAY_KEY)
+    try:
+        text = base64.b64decode(encoded).decode() if encoded else ""
+        return GatewayConfig.model_validate(yaml.safe_load(text) or {})
+    except Exception:  # whatever is there, the plan is written afresh
+        return None
+
+
+_SUFFIXES = {
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1.0,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+    "Pi": 2.0**50,
+    "Ei": 2.0**60,
+}
+
+
+def _quantity(value: Any) -> float | None:
+    """A Kubernetes quantity's value (None if it is not one)."""
+    text = str(value).strip()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if suffix and not text.endswith(suffix):
+            continue
+        number = text[: len(text) - len(suffix)] if suffix else text
+        try:
+            return float(number) * _SUFFIXES[suffix]
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,276 @@
+"""Pure functions from a pool, its tenants or the tenant table to the Kubernetes objects the
+operator creates: the engine Deployment, the headless Service, the scheduler ConfigMap, and
+the gateway's configuration Secret. No API calls, no clock, no randomness: the same input
+gives the same objects, byte for byte, which is what makes `fairpool render` a dry run and
+the operator's reconciles idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from fairpool.api.common import API_VERSION
+from fairpool.api.gateway_config import GatewayConfig
+from fairpool.api.inference_pool import InferencePool, ModelSource
+from fairpool.api.rendering import engine_arguments, scheduler_config, scheduler_config_document
+from fairpool.api.tenant_quota import TenantQuota
+from fairpool_operator import contract
+from fairpool_operator.config import OperatorConfig
+
+Manifest = dict[str, Any]
+
+#: The uid an ownerReference carries before the API server has assigned the pool one (only in
+#: `fairpool render` of a file; the operator always knows the pool's uid).
+UNKNOWN_UID = "<uid of the InferencePool>"
+
+
+def owner_reference(pool: InferencePool) -> dict[str, Any]:
+    """Makes the pool the controller of an object: deleting the pool deletes the object
+    (Kubernetes' garbage collector), and `kubectl get -o wide` shows who owns it."""
+    uid = (pool.metadata.model_extra or {}).get("uid") or UNKNOWN_UID
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferencePool",
+        "name": pool.name,
+        "uid": str(uid),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def pool_objects(
+    pool: InferencePool, quotas: Iterable[TenantQuota], config: OperatorConfig
+) -> list[Manifest]:
+    """Everything one pool needs: scheduler ConfigMap, headless Service, engine Deployment."""
+    return [
+        scheduler_configmap(pool, quotas, config.namespace),
+        engine_service(pool, config.namespace),
+        engine_deployment(pool, config),
+    ]
+
+
+def scheduler_configmap(
+    pool: InferencePool, quotas: Iterable[TenantQuota], namespace: str
+) -> Manifest:
+    """The engines' scheduler configuration: the pool's policy and the weights of the
+    tenants allowed on it. A weight change rewrites this file and nothing else; the engines
+    re-read it and keep running."""
+    document = scheduler_config_document(scheduler_config(pool, quotas))
+    return finish(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(pool, contract.scheduler_name(pool.name), namespace),
+            "data": {contract.SCHEDULER_KEY: yaml.safe_dump(document, sort_keys=True)},
+        }
+    )
+
+
+def engine_service(pool: InferencePool, namespace: str) -> Manifest:
+    """Headless: its EndpointSlices list every engine pod, which is what the gateway routes
+    over (it picks the pod, not kube-proxy)."""
+    return finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(pool, contract.engine_name(pool.name), namespace),
+            "spec": {
+                "clusterIP": "None",
+                "selector": contract.selector_labels(pool.name),
+                "ports": [
+                    {
+                        "name": contract.PORT_NAME,
+                        "port": contract.ENGINE_PORT,
+                        "targetPort": contract.PORT_NAME,
+                        "protocol": "TCP",
+                    }
+                ],
+            },
+        }
+    )
+
+
+def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
+    """The pool's replicas: `fairpool engine` (vLLM with the fair scheduler) or
+    `fairpool engine-sim`, non-root on a read-only root filesystem, ready when /health
+    answers, the scheduler configuration mounted as a directory that follows the ConfigMap."""
+    spec = pool.spec
+    volumes, mounts = _volumes(pool)
+    arguments = engine_arguments(
+        pool,
+        host="0.0.0.0",
+        port=contract.ENGINE_PORT,
+        scheduler_config=contract.SCHEDULER_PATH,
+        model=model_argument(spec.model.source),
+    )
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.engine.image or config.image(spec.engine.kind),
+        "command": ["fairpool"],
+        "args": arguments,
+        "env": [
+            {"name": "FAIRPOOL_SCHEDULER_CONFIG", "value": contract.SCHEDULER_PATH},
+            # Caches (Hugging Face, vLLM, Triton) go to the writable /tmp.
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+            {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
+        ],
+        "ports": [
+            {"name": contract.PORT_NAME, "containerPort": contract.ENGINE_PORT, "protocol": "TCP"}
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": contract.HEALTH_PATH, "port": contract.PORT_NAME},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    resources = _resources(pool)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": contract.RUN_AS,
+            "runAsGroup": contract.RUN_AS,
+            "fsGroup": contract.RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # engines never talk to the API server
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.engine.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.engine.node_selector.items()))
+    if spec.engine.tolerations:
+        pod_spec["tolerations"] = [dict(toleration) for toleration in spec.engine.tolerations]
+    return finish(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(pool, contract.engine_name(pool.name), config.namespace),
+            "spec": {
+                "replicas": spec.replicas,
+                "selector": {"matchLabels": contract.selector_labels(pool.name)},
+                **_strategy(pool),
+                "template": {
+                    "metadata": {"labels": contract.engine_labels(pool.name)},
+                    "spec": pod_spec,
+                },
+            },
+        }
+    )
+
+
+def _strategy(pool: InferencePool) -> dict[str, Any]:
+    """GPU replicas are replaced one at a time without a surge: a rollout then needs no spare
+    GPU, which a full GPU pool does not have."""
+    if not pool.spec.engine.resources.gpus:
+        return {}
+    rolling = {"maxSurge": 0, "maxUnavailable": 1}
+    return {"strategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
+
+
+def model_argument(source: ModelSource | None) -> str | None:
+    """What the engine is told to load: the mounted directory, or the hub id."""
+    if source is None:
+        return None
+    return source.hub if source.hub is not None else contract.MODELS_DIR
+
+
+def gateway_secret(gateway: GatewayConfig, namespace: str, name: str) -> Manifest:
+    """The gateway's tenant table and pools, one file in one Secret (key digests only).
+
+    No labels: the Helm chart creates this Secret (so that the gateway can start before the
+    operator's first write) and owns its metadata; the operator owns `data` alone."""
+    document = gateway.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace},
+            "stringData": {contract.GATEWAY_KEY: yaml.safe_dump(document, sort_keys=False)},
+        }
+    )
+
+
+def finish(manifest: Manifest) -> Manifest:
+    """Stamps the object with the digest of its rendering (on its own metadata only)."""
+    annotations = manifest["metadata"].setdefault("annotations", {})
+    annotations[contract.HASH_ANNOTATION] = rendered_hash(manifest)
+    return manifest
+
+
+def rendered_hash(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of the object's canonical JSON, its own digest annotation left out."""
+    body = json.loads(json.dumps(manifest))
+    body.get("metadata", {}).get("annotations", {}).pop(contract.HASH_ANNOTATION, None)
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _metadata(pool: InferencePool, name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": contract.engine_labels(pool.name),
+        "ownerReferences": [owner_reference(pool)],
+    }
+
+
+def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "scheduler", "configMap": {"name": contract.scheduler_name(pool.name)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "scheduler", "mountPath": contract.SCHEDULER_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if pool.spec.engine.kind == "vllm":
+        # vLLM's workers share tensors through /dev/shm; the runtime's default is 64 MiB.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        source = pool.spec.model.source
+        if source is not None and source.path is not None:
+            volumes.append(
+                {"name": "model", "hostPath": {"path": source.path, "type": "Directory"}}
+            )
+            mounts.append({"name": "model", "mountPath": contract.MODELS_DIR, "readOnly": True})
+        elif source is not None and source.pvc is not None:
+            claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+            volumes.append({"name": "model", "persistentVolumeClaim": claim})
+            mount = {"name": "model", "mountPath": contract.MODELS_DIR, "readOnly": True}
+            if source.pvc.sub_path:
+                mount["subPath"] = source.pvc.sub_path
+            mounts.append(mount)
+    return volumes, mounts
+
+
+def _resources(pool: InferencePool) -> dict[str, dict[str, Any]]:
+    """Requests equal limits (cpu, memory); GPUs as nvidia.com/gpu limits."""
+    spec = pool.spec.engine.resources
+    fixed = {name: value for name, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
+    limits: dict[str, Any] = dict(fixed)
+    if spec.gpus:
+        limits["nvidia.com/gpu"] = str(spec.gpus)  # the API returns quantities as strings
+    resources: dict[str, dict[str, Any]] = {}
+    if fixed:
+        resources["requests"] = dict(fixed)
+    if limits:
+        resources["limits"] = limits
+    return resources

@@ -1,0 +1,82 @@
+"""The reconciler as the kopf handlers share it: one at a time, bursts coalesced.
+
+kopf runs handlers concurrently (one worker per object, sync handlers in threads), but every
+reconcile reads and writes the whole namespace — above all the one gateway Secret — so they
+run one at a time. A request for a full reconcile is skipped when a full reconcile started
+after it was made: that one already read the change. So a burst of events (a restart's
+resumes, a rollout) costs one or two reconciles, not one each.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from fairpool_operator.reconcile import Reconciler, Write
+from fairpool_operator.served import Served, fetch_served
+
+
+class Operator:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        served: Callable[[], Mapping[str, Served] | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.reconciler = reconciler
+        self.served = served
+        self.clock = clock
+        self._lock = threading.Lock()  # one reconcile at a time
+        self._counter = threading.Lock()  # guards the request numbers
+        self._requested = 0
+        self._covered = 0  # requests a full reconcile started after
+        self._finished_at: float | None = None
+        self._served_at: float | None = None
+
+    @classmethod
+    def for_config(cls, reconciler: Reconciler) -> Operator:
+        """With the gateway's admin API as the source of served numbers, if configured."""
+        url = reconciler.config.gateway_admin_url
+        return cls(reconciler, (lambda: fetch_served(url)) if url else None)
+
+    @property
+    def referenced_secrets(self) -> frozenset[str]:
+        return self.reconciler.referenced_secrets
+
+    def reconcile(self, max_age: float | None = None) -> list[Write] | None:
+        """A full reconcile, unless one started since this request (or, with `max_age`,
+        finished less than `max_age` seconds ago). None when skipped."""
+        with self._counter:
+            self._requested += 1
+            ticket = self._requested
+        with self._lock:
+            if ticket <= self._covered:
+                return None
+            recent = self._finished_at is not None and max_age is not None
+            if recent and self.clock() - (self._finished_at or 0.0) < (max_age or 0.0):
+                return None
+            with self._counter:
+                self._covered = self._requested
+            writes = self.reconciler.reconcile()
+            self._finished_at = self.clock()
+            return writes
+
+    def refresh_pool_status(self, name: str) -> list[Write]:
+        with self._lock:
+            return self.reconciler.refresh_pool_status(name)
+
+    def poll_served(self, max_age: float) -> list[Write] | None:
+        """The gateway's numbers onto the tenants, at most once per `max_age` seconds."""
+        if self.served is None:
+            return None
+        with self._counter:
+            now = self.clock()
+            if self._served_at is not None and now - self._served_at < max_age:
+                return None
+            self._served_at = now
+        report = self.served()  # outside the lock: the gateway may be slow to answer
+        if report is None:
+            return None
+        with self._lock:
+            return self.reconciler.record_served(report)

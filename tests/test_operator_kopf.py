@@ -1,0 +1,389 @@
+"""The operator under kopf's own runner (`kopf run` in a thread) against kmock made faithful
+(tests/kmock_shim.py: resourceVersions, generations, the status subresource, watches that
+resume): create → scale → tenant weight change → delete, then a restart that writes
+nothing. kmock runs no controllers: the test plays the Deployment controller where status
+from pods is checked, and the garbage collector does not exist (owner references are
+checked instead)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("kopf", reason="kopf (the operator extra) runs the operator")
+pytest.importorskip("kmock", reason="kmock (the dev extra) emulates the API")
+
+import kmock
+import kopf
+from kmock_shim import faithful_kmock
+from kopf.testing import KopfRunner
+
+NS = "serving"
+POOLS = "fairpool.io/v1alpha1/inferencepools"
+TENANTS = "fairpool.io/v1alpha1/tenantquotas"
+KEY = "sk-acme-0001"
+HANDLED = "kopf.fairpool.io/last-handled-configuration"
+
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+
+
+def pool(name: str = "chat", replicas: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "model": {"name": f"{name}-model"},
+            "engine": {"kind": "sim", "sim": {"speedup": 4}},
+            "replicas": replicas,
+        },
+    }
+
+
+def tenant(name: str, weight: float, pools: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantQuota",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"weight": weight, "pools": pools, "apiKeySecretRef": {"name": f"{name}-keys"}},
+    }
+
+
+def secret(name: str, key: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NS},
+        "data": {"key": base64.b64encode(key.encode()).decode()},
+    }
+
+
+class Cluster:
+    """The emulator, as a test sees it: objects by resource and name, requests by path."""
+
+    def __init__(self, emulator: Any) -> None:
+        self.k = emulator
+
+    def get(self, resource: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj = self.k.objects[resource, NS, name]
+        except KeyError:
+            return None
+        return None if obj.deleted else dict(obj.raw)
+
+    def writes(self, plural_path: str) -> int:
+        """POSTs and PATCHes under a path (e.g. apps/v1 deployments), status included."""
+        return len(self.k[f"post {plural_path}"]) + len(self.k[f"patch {plural_path}"])
+
+    async def post(self, path: str, body: dict[str, Any]) -> None:
+        await self.k.post(path, json=body)
+
+    def gateway(self) -> dict[str, Any]:
+        secret = self.get("v1/secrets", "fairpool-gateway-config")
+        assert secret is not None
+        return yaml.safe_load(base64.b64decode(secret["data"]["gateway.yaml"]))
+
+    def scheduler(self, pool: str) -> dict[str, Any]:
+        configmap = self.get("v1/configmaps", f"{pool}-scheduler")
+        assert configmap is not None
+        return yaml.safe_load(configmap["data"]["scheduler.yaml"])
+
+
+async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except (KeyError, TypeError, AssertionError):
+            pass
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def operator_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.watching.client_timeout = 1.0  # watches end every second and resume
+    settings.persistence.consistency_timeout = 1.0
+    return settings
+
+
+class Operator:
+    """`kopf run -n serving -m fairpool_operator.handlers` in its own thread and loop; the
+    emulator serves from the test's loop, which must never block."""
+
+    def __init__(self) -> None:
+        args = ["run", "--standalone", "-n", NS, "-m", "fairpool_operator.handlers"]
+        self.runner = KopfRunner(args, settings=operator_settings(), timeout=30)
+
+    async def __aenter__(self) -> KopfRunner:
+        self.runner.__enter__()
+        return self.runner
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.runner.__exit__, None, None, None)
+
+
+@pytest.fixture
+def cluster_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    kubeconfig = tmp_path / "kubeconfig"
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    import kubernetes.config.kube_config
+
+    # kopf's login reads the library's default location, fixed when it was imported.
+    monkeypatch.setattr(
+        kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig)
+    )
+    monkeypatch.setenv("FAIRPOOL_NAMESPACE", NS)
+    monkeypatch.setenv("FAIRPOOL_ENGINE_SIM_IMAGE", "registry.example/fairpool-engine-sim:test")
+    monkeypatch.delenv("FAIRPOOL_GATEWAY_ADMIN_URL", raising=False)
+    return kubeconfig
+
+
+def write_kubeconfig(path: Path, url: str) -> None:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
+        f"clusters: [{{name: kmock, cluster: {{server: '{url}'}}}}]\n"
+        "users: [{name: operator, user: {token: not-a-real-token}}]\n"
+        "contexts: [{name: kmock, context: {cluster: kmock, user: operator}}]\n"
+    )
+
+
+def test_create_scale_reweigh_delete_and_restart(cluster_env: Path) -> None:
+    async def scenario() -> list[str]:
+        async with faithful_kmock() as emulator:
+            write_kubeconfig(cluster_env, str(emulator.url).rstrip("/"))
+            k = Cluster(emulator)
+            base = f"/apis/fairpool.io/v1alpha1/namespaces/{NS}"
+            await k.post(f"/api/v1/namespaces/{NS}/secrets", secret("acme-keys", KEY))
+            await k.post(f"{base}/inferencepools", pool(replicas=2))
+            outputs = []
+
+            async with Operator() as runner:
+                # create: the pool's objects appear, owned by the pool ...
+                await eventually(lambda: k.get("apps/v1/deployments", "chat-engine"))
+                await eventually(lambda: k.get("v1/services", "chat-engine"))
+                await eventually(lambda: k.get("v1/configmaps", "chat-scheduler"))
+                uid = k.get(POOLS, "chat")["metadata"]["uid"]
+                for resource, name in [
+                    ("apps/v1/deployments", "chat-engine"),
+                    ("v1/services", "chat-engine"),
+                    ("v1/configmaps", "chat-scheduler"),
+                ]:
+                    owner = k.get(resource, name)["metadata"]["ownerReferences"][0]
+                    assert (owner["kind"], owner["name"], owner["uid"]) == (
+                        "InferencePool",
+                        "chat",
+                        uid,
+                    )
+                deployment = k.get("apps/v1/deployments", "chat-engine")
+                assert deployment["spec"]["replicas"] == 2
+                container = deployment["spec"]["template"]["spec"]["containers"][0]
+                assert container["image"] == "registry.example/fairpool-engine-sim:test"
+                await eventually(lambda: k.gateway()["pools"][0]["name"] == "chat")
+                await eventually(lambda: k.get(POOLS, "chat")["status"]["conditions"])
+
+                # ... and a tenant created later joins the gateway and the scheduler.
+                await k.post(f"{base}/tenantquotas", tenant("acme", 1, ["chat"]))
+                await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 1.0})
+                await eventually(lambda: [t["tenant"] for t in k.gateway()["tenants"]] == ["acme"])
+                digest = k.gateway()["tenants"][0]["apiKeySha256"]
+                assert KEY not in str(k.get("v1/secrets", "fairpool-gateway-config"))
+                assert len(digest) == 1 and len(digest[0]) == 64
+                await eventually(lambda: ready(k.get(TENANTS, "acme")) == "True")
+
+                # scale: the Deployment is patched; the ConfigMap is not rewritten.
+                configmap_writes = k.writes(f"/api/v1/namespaces/{NS}/configmaps")
+                await emulator.patch(f"{base}/inferencepools/chat", json={"spec": {"replicas": 3}})
+                await eventually(
+                    lambda: k.get("apps/v1/deployments", "chat-engine")["spec"]["replicas"] == 3
+                )
+                await eventually(lambda: k.get(POOLS, "chat")["status"]["observedGeneration"] == 2)
+                assert k.writes(f"/api/v1/namespaces/{NS}/configmaps") == configmap_writes
+
+                # the Deployment's pods come up (the test plays the controller): status follows.
+                await k.post(
+                    f"/api/v1/namespaces/{NS}/pods", engine_pod("chat-engine-a", "10.1.0.7")
+                )
+                await emulator.patch(
+                    f"/apis/apps/v1/namespaces/{NS}/deployments/chat-engine/status",
+                    json={
+                        "status": {
+                            "replicas": 3,
+                            "readyReplicas": 1,
+                            "updatedReplicas": 3,
+                            "observedGeneration": 2,
+                        }
+                    },
+                )
+                await eventually(lambda: k.get(POOLS, "chat")["status"]["readyReplicas"] == 1)
+                status = k.get(POOLS, "chat")["status"]
+                assert status["endpoints"] == [
+                    {"pod": "chat-engine-a", "address": "http://10.1.0.7:8000", "ready": True}
+                ]
+                assert ready(k.get(POOLS, "chat")) == "False"  # 1 of 3
+
+                # weight change: scheduler ConfigMap and gateway Secret, the engines untouched.
+                deployment_writes = k.writes(f"/apis/apps/v1/namespaces/{NS}/deployments")
+                deployment_version = k.get("apps/v1/deployments", "chat-engine")["metadata"]
+                await emulator.patch(f"{base}/tenantquotas/acme", json={"spec": {"weight": 3}})
+                await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 3.0})
+                await eventually(lambda: k.gateway()["tenants"][0]["weight"] == 3.0)
+                assert k.writes(f"/apis/apps/v1/namespaces/{NS}/deployments") == deployment_writes
+                assert (
+                    k.get("apps/v1/deployments", "chat-engine")["metadata"]["resourceVersion"]
+                    == deployment_version["resourceVersion"]
+                )
+
+                # delete: the gateway forgets the pool; the tenant says why it is not ready.
+                await emulator.delete(f"{base}/inferencepools/chat")
+                await eventually(lambda: k.gateway()["pools"] == [])
+                assert k.gateway()["tenants"] == []
+                await eventually(lambda: reason(k.get(TENANTS, "acme")) == "PoolNotFound")
+            outputs.append(runner.output)
+            assert runner.exit_code == 0 and runner.exception is None
+            # the watches ended every second and resumed from where they were: nothing was
+            # handled twice (one Deployment created, then patched once for the scale).
+            resumed = [r for r in emulator[kmock.action.WATCH] if r.params.get("resourceVersion")]
+            assert resumed
+            assert len(emulator[f"post /apis/apps/v1/namespaces/{NS}/deployments"]) == 1
+
+            # restart with nothing changed: the resumed reconcile writes nothing.
+            await k.post(f"{base}/inferencepools", pool("chat", replicas=1))
+            async with Operator() as runner:
+                await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 3.0})
+                await eventually(lambda: ready(k.get(TENANTS, "acme")) == "True")
+                await eventually(lambda: HANDLED in k.get(POOLS, "chat")["metadata"]["annotations"])
+            async with Operator() as runner:
+                before = total_writes(emulator)
+                await asyncio.sleep(1.5)  # resume handlers ran, watches resumed once
+                assert total_writes(emulator) == before, recent_writes(
+                    emulator, total_writes(emulator) - before
+                )
+            outputs.append(runner.output)
+        return outputs
+
+    outputs = asyncio.run(scenario())
+    assert "Traceback" not in "".join(outputs)
+
+
+def engine_pod(name: str, ip: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"fairpool.io/pool": "chat", "app.kubernetes.io/instance": "chat"},
+        },
+        "status": {
+            "podIP": ip,
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def ready(obj: dict[str, Any] | None) -> str | None:
+    return condition(obj, "Ready").get("status")
+
+
+def reason(obj: dict[str, Any] | None) -> str | None:
+    return condition(obj, "Ready").get("reason")
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for item in ((obj or {}).get("status") or {}).get("conditions", []):
+        if item["type"] == kind:
+            return item
+    return {}
+
+
+def total_writes(emulator: Any) -> int:
+    return len(emulator["post"]) + len(emulator["patch"]) + len(emulator["delete"])
+
+
+def recent_writes(emulator: Any, count: int) -> list[str]:
+    writes = [r for verb in ("post", "patch", "delete") for r in emulator[verb]]
+    writes.sort(key=lambda r: r.id)
+    return [f"{r.method.name} {r.url.path} {r.data}" for r in writes[-count:]]
+
+
+# --- the handlers as plain functions, and `fairpool operator` ------------------------------------
+
+
+def test_handlers_are_plain_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from operator_fakes import FakeApi
+
+    from fairpool_operator import handlers
+    from fairpool_operator.api import ApiError
+    from fairpool_operator.config import OperatorConfig
+
+    api = FakeApi(NS)
+    api.put(pool(replicas=1))
+    api.put(tenant("acme", 1, ["chat"]))
+    api.put(secret("acme-keys", KEY))
+    monkeypatch.setattr(handlers, "KubernetesApi", lambda namespace: api)
+    settings = kopf.OperatorSettings()
+    memo = kopf.Memo(config=OperatorConfig(namespace=NS))
+
+    handlers.start(settings=settings, memo=memo)  # configures kopf, reconciles once
+    assert settings.scanning.disabled is True
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.finalizer == "fairpool.io/kopf-finalizer"
+    created = {(kind, name) for verb, kind, name in api.take_writes() if verb == "create"}
+    assert ("Secret", "fairpool-gateway-config") in created and len(created) == 4
+
+    handlers.pool_changed(memo=memo)  # nothing changed: nothing written
+    handlers.tenant_changed(memo=memo)
+    handlers.deleted(type="MODIFIED", memo=memo)
+    assert api.take_writes() == []
+
+    api.edit("InferencePool", "chat", {"replicas": 3})
+    handlers.pool_changed(memo=memo)
+    assert ("apply", "Deployment", "chat-engine") in api.take_writes()
+
+    assert handlers._referenced(name="acme-keys", memo=memo)
+    assert not handlers._referenced(name="fairpool-gateway-config", memo=memo)
+
+    api.objects["Deployment", "chat-engine"]["status"] = {"replicas": 3, "readyReplicas": 3}
+    labels = {"fairpool.io/pool": "chat"}
+    handlers.child_changed(type="MODIFIED", body={"kind": "Deployment"}, labels=labels, memo=memo)
+    assert api.take_writes() == [("status", "InferencePool", "chat")]
+    del api.objects["ConfigMap", "chat-scheduler"]
+    handlers.child_changed(type="DELETED", body={"kind": "ConfigMap"}, labels=labels, memo=memo)
+    assert api.take_writes() == [("create", "ConfigMap", "chat-scheduler")]
+    handlers.tenant_timer(memo=memo)  # no gateway admin URL; a reconcile ran just now
+    assert api.take_writes() == []
+
+    def unavailable(*args: object) -> None:
+        raise ApiError(503, "the API server is restarting")
+
+    monkeypatch.setattr(api, "list", unavailable)
+    with pytest.raises(kopf.TemporaryError, match="503"):
+        handlers.tenant_changed(memo=memo)
+
+
+def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fairpool.cli import main
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
+    monkeypatch.setenv("FAIRPOOL_NAMESPACE", "from-env")
+    monkeypatch.setenv("POD_IP", "10.0.0.5")
+    liveness = "http://0.0.0.0:8080/healthz"
+    assert main(["operator", "--liveness", liveness]) == 0
+    assert main(["operator", "--namespace", "ns", "--standalone", "--priority", "7"]) == 0
+    first, second = calls
+    assert first["namespaces"] == ["from-env"] and first["memo"]["config"].namespace == "from-env"
+    assert (first["peering_name"], first["standalone"]) == ("fairpool", False)
+    assert first["priority"] == 1 + (10 << 24 | 5) and first["liveness_endpoint"] == liveness
+    assert (second["namespaces"], second["peering_name"], second["priority"]) == (["ns"], None, 7)

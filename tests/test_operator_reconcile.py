@@ -1,0 +1,426 @@
+"""The reconciler against a fake API: it creates what is missing, applies what differs, writes
+statuses that changed — and nothing else. A second reconcile with nothing changed writes
+nothing; a weight change rewrites only the scheduler ConfigMaps and the gateway's Secret."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import threading
+from typing import Any
+
+import yaml
+from operator_fakes import FakeApi
+
+from fairpool_operator.api import ApiError
+from fairpool_operator.config import OperatorConfig
+from fairpool_operator.reconcile import Reconciler, contains, up_to_date
+from fairpool_operator.runtime import Operator
+from fairpool_operator.served import Served, parse_served
+
+CONFIG = OperatorConfig(namespace="serving", engine_sim_image="sim:1", engine_image="vllm:1")
+
+
+def pool(name: str, replicas: int = 1, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "InferencePool",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": f"{name}-model"},
+            "engine": {"kind": "sim", "resources": {"cpu": "0.5"}},
+            "replicas": replicas,
+            **spec,
+        },
+    }
+
+
+def tenant(name: str, weight: float, pools: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantQuota",
+        "metadata": {"name": name},
+        "spec": {"weight": weight, "pools": pools, "apiKeySecretRef": {"name": f"{name}-keys"}},
+    }
+
+
+def secret(name: str, *keys: str) -> dict[str, Any]:
+    data = {f"k{i}": base64.b64encode(key.encode()).decode() for i, key in enumerate(keys)}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+
+
+def clock() -> Any:
+    ticks = itertools.count()
+    return lambda: f"2026-11-21T10:{next(ticks) % 60:02d}:00Z"
+
+
+def namespace() -> tuple[FakeApi, Reconciler]:
+    api = FakeApi()
+    for body in (
+        pool("chat", replicas=2),
+        pool("code"),
+        tenant("acme", 1, ["chat"]),
+        tenant("globex", 2, []),
+        secret("acme-keys", "sk-a"),
+        secret("globex-keys", "sk-g"),
+    ):
+        api.put(body)
+    return api, Reconciler(api, CONFIG, clock())
+
+
+def scheduler(api: FakeApi, pool_name: str) -> dict[str, Any]:
+    data = api.objects["ConfigMap", f"{pool_name}-scheduler"]["data"]["scheduler.yaml"]
+    return yaml.safe_load(data)
+
+
+def gateway(api: FakeApi) -> dict[str, Any]:
+    data = api.objects["Secret", "fairpool-gateway-config"]["data"]["gateway.yaml"]
+    return yaml.safe_load(base64.b64decode(data))
+
+
+def test_first_reconcile_creates_everything_and_the_second_writes_nothing() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    created = {(kind, name) for verb, kind, name in api.take_writes() if verb == "create"}
+    assert created == {
+        ("ConfigMap", "chat-scheduler"),
+        ("Service", "chat-engine"),
+        ("Deployment", "chat-engine"),
+        ("ConfigMap", "code-scheduler"),
+        ("Service", "code-engine"),
+        ("Deployment", "code-engine"),
+        ("Secret", "fairpool-gateway-config"),
+    }
+    assert scheduler(api, "chat")["tenants"] == {"acme": 1.0, "globex": 2.0}
+    assert [t["tenant"] for t in gateway(api)["tenants"]] == ["acme", "globex"]
+    # the API server defaulted fields and rewrote "0.5" as "500m": still up to date
+    assert reconciler.reconcile() == []
+    assert api.take_writes() == []
+
+
+def test_a_weight_change_patches_only_configmaps_and_the_gateway_secret() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    api.take_writes()
+    before = {key: obj["metadata"]["resourceVersion"] for key, obj in api.objects.items()}
+
+    api.edit("TenantQuota", "globex", {"weight": 5})  # globex may use every pool
+    reconciler.reconcile()
+    assert sorted(api.take_writes()) == [
+        ("apply", "ConfigMap", "chat-scheduler"),
+        ("apply", "ConfigMap", "code-scheduler"),
+        ("apply", "Secret", "fairpool-gateway-config"),
+        ("status", "TenantQuota", "globex"),  # observedGeneration
+    ]
+    assert scheduler(api, "code")["tenants"] == {"globex": 5.0}
+    for kind in ("Deployment", "Service"):
+        for name in ("chat-engine", "code-engine"):
+            assert api.objects[kind, name]["metadata"]["resourceVersion"] == before[kind, name]
+
+    api.edit("TenantQuota", "acme", {"weight": 3})  # acme: chat only
+    reconciler.reconcile()
+    assert sorted(api.take_writes()) == [
+        ("apply", "ConfigMap", "chat-scheduler"),
+        ("apply", "Secret", "fairpool-gateway-config"),
+        ("status", "TenantQuota", "acme"),
+    ]
+
+
+def test_scaling_patches_the_deployment_only() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    api.take_writes()
+    api.edit("InferencePool", "chat", {"replicas": 4})
+    reconciler.reconcile()
+    assert api.take_writes() == [
+        ("apply", "Deployment", "chat-engine"),
+        ("status", "InferencePool", "chat"),
+    ]
+    assert api.objects["Deployment", "chat-engine"]["spec"]["replicas"] == 4
+    assert api.objects["InferencePool", "chat"]["status"]["observedGeneration"] == 2
+
+
+def test_drift_is_repaired_and_a_rotated_key_reaches_the_gateway() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    api.take_writes()
+    container = api.objects["Deployment", "chat-engine"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    container["image"] = "someone/else:latest"  # kubectl edit
+    del api.objects["ConfigMap", "code-scheduler"]  # kubectl delete
+    api.objects["Secret", "acme-keys"]["data"]["k1"] = base64.b64encode(b"sk-new").decode()
+    reconciler.reconcile()
+    assert sorted(api.take_writes()) == [
+        ("apply", "Deployment", "chat-engine"),
+        ("apply", "Secret", "fairpool-gateway-config"),
+        ("create", "ConfigMap", "code-scheduler"),
+    ]
+    assert (
+        container["image"]
+        != api.objects["Deployment", "chat-engine"]["spec"]["template"]["spec"]["containers"][0][
+            "image"
+        ]
+    )
+    assert len(gateway(api)["tenants"][0]["apiKeySha256"]) == 2
+
+
+def test_an_invalid_edit_leaves_what_runs_and_says_why_once() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    api.take_writes()
+    deployment = api.objects["Deployment", "chat-engine"]
+    api.edit("InferencePool", "chat", {"engine": {"kind": "vllm"}, "replicas": 9})  # no source
+    reconciler.reconcile()  # no exception
+    assert api.take_writes() == [("status", "InferencePool", "chat")]
+    assert api.objects["Deployment", "chat-engine"] is deployment  # untouched, still 2 replicas
+    status = api.objects["InferencePool", "chat"]["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "model.source" in degraded["message"]
+    assert [p["name"] for p in gateway(api)["pools"]] == ["chat", "code"]  # still routed
+    assert reconciler.reconcile() == []  # said once
+
+
+def test_an_object_of_the_same_name_that_is_not_ours_is_left_alone() -> None:
+    api, reconciler = namespace()
+    api.put(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "chat-engine", "labels": {"app": "mine"}},
+            "spec": {
+                "replicas": 1,
+                "template": {"spec": {"containers": [{"name": "x", "image": "mine"}]}},
+            },
+        }
+    )
+    reconciler.reconcile()
+    assert api.objects["Deployment", "chat-engine"]["metadata"]["labels"] == {"app": "mine"}
+    conditions = api.objects["InferencePool", "chat"]["status"]["conditions"]
+    degraded = next(c for c in conditions if c["type"] == "Degraded")
+    assert degraded["reason"] == "Conflict" and "Deployment chat-engine" in degraded["message"]
+    # a status refresh keeps what only the full reconcile knows
+    api.take_writes()
+    reconciler.refresh_pool_status("chat")
+    assert api.take_writes() == []
+
+
+def test_pool_status_from_the_deployment_and_its_pods() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    first = api.objects["InferencePool", "chat"]["status"]
+    ready = next(c for c in first["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    stamp = ready["lastTransitionTime"]
+
+    api.objects["Deployment", "chat-engine"]["status"] = {
+        "replicas": 2,
+        "readyReplicas": 2,
+        "updatedReplicas": 2,
+        "observedGeneration": 1,
+    }
+    for name, ip in (("chat-engine-b", "10.0.0.2"), ("chat-engine-a", "10.0.0.1")):
+        api.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": {"fairpool.io/pool": "chat"}},
+                "status": {
+                    "podIP": ip,
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            }
+        )
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "other", "labels": {"fairpool.io/pool": "code"}},
+            "status": {"podIP": "10.0.0.9"},
+        }
+    )
+    api.take_writes()
+    reconciler.refresh_pool_status("chat")
+    assert api.take_writes() == [("status", "InferencePool", "chat")]
+    status = api.objects["InferencePool", "chat"]["status"]
+    assert (status["replicas"], status["readyReplicas"]) == (2, 2)
+    assert status["endpoints"] == [
+        {"pod": "chat-engine-a", "address": "http://10.0.0.1:8000", "ready": True},
+        {"pod": "chat-engine-b", "address": "http://10.0.0.2:8000", "ready": True},
+    ]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (
+        conditions["Ready"]["status"] == "True"
+        and conditions["Ready"]["lastTransitionTime"] != stamp
+    )
+    assert conditions["Progressing"]["status"] == "False"
+    assert conditions["Degraded"]["reason"] == "AsExpected"
+    degraded_stamp = conditions["Degraded"]["lastTransitionTime"]
+    # the other pool's pod shows in its own status only; then nothing changes, nothing is
+    # written, and transition times are kept
+    assert [str(write) for write in reconciler.reconcile()] == ["status InferencePool/code"]
+    assert reconciler.reconcile() == [] and reconciler.refresh_pool_status("chat") == []
+    assert conditions["Degraded"]["lastTransitionTime"] == degraded_stamp
+
+    api.objects["Pod", "chat-engine-a"]["status"]["containerStatuses"] = [
+        {
+            "name": "engine",
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+        }
+    ]
+    reconciler.refresh_pool_status("chat")
+    degraded = next(
+        c
+        for c in api.objects["InferencePool", "chat"]["status"]["conditions"]
+        if c["type"] == "Degraded"
+    )
+    assert (degraded["reason"], degraded["message"]) == (
+        "CrashLoopBackOff",
+        "pod chat-engine-a: CrashLoopBackOff: back-off",
+    )
+
+
+def test_a_deleted_pool_leaves_the_gateway_and_its_tenants_weights() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    del api.objects["InferencePool", "chat"]  # its objects go with it (garbage collector)
+    for key in [
+        ("Deployment", "chat-engine"),
+        ("Service", "chat-engine"),
+        ("ConfigMap", "chat-scheduler"),
+    ]:
+        del api.objects[key]
+    api.take_writes()
+    reconciler.reconcile()
+    assert [p["name"] for p in gateway(api)["pools"]] == ["code"]
+    assert [t["tenant"] for t in gateway(api)["tenants"]] == ["globex"]
+    acme = next(
+        c
+        for c in api.objects["TenantQuota", "acme"]["status"]["conditions"]
+        if c["type"] == "Ready"
+    )
+    assert (acme["status"], acme["reason"]) == ("False", "PoolNotFound")
+    assert sorted(api.take_writes()) == [
+        ("apply", "Secret", "fairpool-gateway-config"),
+        ("status", "TenantQuota", "acme"),
+    ]
+
+
+def test_a_pool_being_deleted_is_not_recreated() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    api.objects["InferencePool", "chat"]["metadata"]["deletionTimestamp"] = "2026-11-21T10:00:00Z"
+    del api.objects["Deployment", "chat-engine"]  # foreground deletion: dependents go first
+    api.take_writes()
+    reconciler.reconcile()
+    assert ("Deployment", "chat-engine") not in api.objects
+    assert api.take_writes() == [
+        ("apply", "Secret", "fairpool-gateway-config"),
+        ("status", "TenantQuota", "acme"),  # its only pool is going
+    ]
+
+
+def test_served_numbers_are_written_when_they_change_and_kept_when_unreadable() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    api.take_writes()
+    reports: list[dict[str, Served] | None] = [{"acme": Served(120, 200.5)}]
+    now = [0.0]
+    operator = Operator(reconciler, lambda: reports[-1], clock=lambda: now[0])
+    operator.poll_served(max_age=15)
+    assert api.take_writes() == [("status", "TenantQuota", "acme")]
+    status = api.objects["TenantQuota", "acme"]["status"]
+    assert (status["servedTokens"], status["servedService"]) == (120, 200.5)
+    assert status["lastReported"]
+    assert operator.poll_served(max_age=15) is None  # asked again too soon
+    now[0] = 20.0
+    operator.poll_served(max_age=15)  # the same numbers: nothing written
+    reports.append(None)  # the gateway is unreachable
+    now[0] = 40.0
+    assert operator.poll_served(max_age=15) is None
+    assert api.take_writes() == []
+    assert api.objects["TenantQuota", "acme"]["status"]["servedTokens"] == 120
+    assert reconciler.reconcile() == []  # the reconcile leaves them alone
+
+
+def test_gateway_metrics_are_summed_per_tenant() -> None:
+    text = """# HELP fairpool_gateway_tokens_total Tokens
+# TYPE fairpool_gateway_tokens_total counter
+fairpool_gateway_tokens_total{tenant="acme",pool="chat",kind="prompt"} 100.0
+fairpool_gateway_tokens_total{tenant="acme",pool="chat",kind="cached"} 60.0
+fairpool_gateway_tokens_total{tenant="acme",pool="code",kind="completion"} 20.0
+fairpool_gateway_tokens_created{tenant="acme",pool="chat",kind="prompt"} 1.7e9
+fairpool_gateway_service_total{tenant="acme",pool="chat"} 80.0
+fairpool_gateway_service_total{tenant="acme",pool="code"} 40.0
+fairpool_gateway_service_total{tenant="b \\"q\\"",pool="chat"} 1.5
+"""
+    assert parse_served(text) == {"acme": Served(120, 120.0), 'b \\"q\\"': Served(0, 1.5)}
+
+
+def test_concurrent_requests_coalesce_into_few_reconciles() -> None:
+    _, reconciler = namespace()
+    calls = []
+    gate = threading.Event()
+    original = reconciler.reconcile
+
+    def slow() -> list[Any]:
+        calls.append(1)
+        gate.wait(1)
+        return original()
+
+    reconciler.reconcile = slow  # type: ignore[method-assign]
+    operator = Operator(reconciler)
+    threads = [threading.Thread(target=operator.reconcile) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    gate.set()
+    for thread in threads:
+        thread.join()
+    assert 1 <= len(calls) <= 2
+    now = [100.0]
+    timed = Operator(reconciler, clock=lambda: now[0])
+    timed.reconcile()
+    assert timed.reconcile(max_age=15) is None  # a timer's request, just after one
+    now[0] = 120.0
+    assert timed.reconcile(max_age=15) == []
+
+
+def test_up_to_date_reads_quantities_and_ignores_added_fields() -> None:
+    desired = {
+        "metadata": {"annotations": {"fairpool.io/rendered-hash": "h"}},
+        "spec": {"resources": {"cpu": "0.5", "memory": "1Gi"}, "ports": [{"port": 1}]},
+    }
+    current = {
+        "metadata": {"annotations": {"fairpool.io/rendered-hash": "h", "other": "x"}},
+        "spec": {
+            "resources": {"cpu": "500m", "memory": "1024Mi"},
+            "ports": [{"port": 1, "protocol": "TCP"}],
+            "more": 1,
+        },
+    }
+    assert up_to_date(current, desired)
+    assert not up_to_date(
+        {**current, "metadata": {"annotations": {"fairpool.io/rendered-hash": "old"}}}, desired
+    )
+    assert not contains({"ports": [{"port": 1}, {"port": 2}]}, {"ports": [{"port": 1}]})
+    assert not contains({"image": "500m"}, {"image": "0.5"})  # quantities only under resources
+
+
+def test_api_errors_propagate_but_missing_objects_do_not() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+
+    def refuse(*args: Any) -> Any:
+        raise ApiError(403, "forbidden")
+
+    api.edit("InferencePool", "chat", {"replicas": 5})
+    api.apply = refuse  # type: ignore[method-assign]
+    try:
+        reconciler.reconcile()
+    except ApiError as error:
+        assert error.status == 403
+    else:
+        raise AssertionError("a refused write must surface (kopf retries the handler)")
+    assert reconciler.refresh_pool_status("gone") == []

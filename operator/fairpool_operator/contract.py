@@ -6,6 +6,8 @@ Deployments and mounts are written against it. Change it there too, or not at al
 
 from __future__ import annotations
 
+from fairpool import __version__
+
 #: The API group and version of InferencePool and TenantQuota.
 GROUP = "fairpool.io"
 VERSION = "v1alpha1"
@@ -57,8 +59,8 @@ SERVED_INTERVAL_ENV = "FAIRPOOL_SERVED_INTERVAL"
 
 DEFAULT_GATEWAY_SECRET = "fairpool-gateway-config"
 #: Used only when neither the pool nor the environment names an image.
-DEFAULT_ENGINE_IMAGE = "fairpool-engine:latest"
-DEFAULT_ENGINE_SIM_IMAGE = "fairpool-engine-sim:latest"
+DEFAULT_ENGINE_IMAGE = f"ghcr.io/fairpool/engine:{__version__}"
+DEFAULT_ENGINE_SIM_IMAGE = f"ghcr.io/fairpool/engine-sim:{__version__}"
 DEFAULT_PEERING = "fairpool"
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+import aiohttp
 import anyio
 import anyio.abc
-import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -54,6 +54,7 @@ from fairpool_gateway.proxy import (
     read_whole,
     send,
     upstream_body,
+    upstream_timeout,
 )
 
 log = logging.getLogger("fairpool.gateway")
@@ -308,23 +309,20 @@ async def forward(exchange: Exchange) -> Response:
         settle(exchange, None, 0, CLIENT_CLOSED, None)
         raise
     headers = {REQUEST_ID: exchange.request_id}
-    if upstream.status_code >= 400 or not parsed.stream:
+    if upstream.status >= 400 or not parsed.stream:
         return await relay_whole(exchange, upstream, headers)
     want_usage = bool(parsed.request.stream_options and parsed.request.stream_options.include_usage)
     relay = StreamRelay(upstream, want_usage)
     return RelayResponse(relayed(exchange, relay), headers=headers, media_type="text/event-stream")
 
 
-async def open_upstream(exchange: Exchange, body: bytes) -> httpx.Response:
+async def open_upstream(exchange: Exchange, body: bytes) -> aiohttp.ClientResponse:
     """The worker's response; a failure before its first byte is retried once elsewhere."""
     gateway, pool, parsed = exchange.gateway, exchange.pool, exchange.parsed
     assert pool is not None and parsed is not None and exchange.tenant is not None
     timeouts = gateway.config.timeouts
-    timeout = httpx.Timeout(
-        connect=timeouts.connect,
-        read=timeouts.idle if parsed.stream else timeouts.first_byte,
-        write=timeouts.idle,
-        pool=timeouts.connect,
+    timeout = upstream_timeout(
+        timeouts.connect, timeouts.idle if parsed.stream else timeouts.first_byte
     )
     failure = "no worker in rotation"
     for attempt in range(2):
@@ -341,7 +339,7 @@ async def open_upstream(exchange: Exchange, body: bytes) -> httpx.Response:
         note_dispatch(exchange)
         try:
             return await send(
-                gateway.client, worker + exchange.path, body, timeout, exchange.request_id
+                gateway.session, worker + exchange.path, body, timeout, exchange.request_id
             )
         except UpstreamFailed as error:
             failure = f"{worker}: {error}"
@@ -373,7 +371,7 @@ def note_dispatch(exchange: Exchange) -> None:
 
 
 async def relay_whole(
-    exchange: Exchange, upstream: httpx.Response, headers: dict[str, str]
+    exchange: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
 ) -> Response:
     try:
         content, usage = await read_whole(upstream)
@@ -386,10 +384,10 @@ async def relay_whole(
             HTTPStatus.BAD_GATEWAY, f"The model server failed: {error}", "server_error"
         )
         return error_response(failure, exchange.request_id)
-    settle(exchange, usage, 0, upstream.status_code, time.monotonic())
+    settle(exchange, usage, 0, upstream.status, time.monotonic())
     return Response(
         content,
-        status_code=upstream.status_code,
+        status_code=upstream.status,
         headers=headers,
         media_type=upstream.headers.get("content-type", "application/json"),
     )

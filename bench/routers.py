@@ -511,13 +511,20 @@ class FairpoolGateway(Proxy):
         return [str(FAIRPOOL), "gateway", "--config", str(path)], config
 
 
+GATEWAY_MAX_OUTSTANDING = 8
+
+
 def gateway_config(
     port: int, admin_port: int, workers: list[str], tenants: list[Tenant], policy: str | None
 ) -> dict[str, Any]:
     """The gateway's configuration file, validated by `GatewayConfig`, as a document."""
     pool: dict[str, Any] = {"name": "bench", "model": MODEL, "workers": {"urls": workers}}
+    # At most 8 requests per worker, as a deployment sizes it to what an engine runs at once
+    # (the flood's engines, 2,048 KV tokens each, run about 11): beyond that, requests wait
+    # in the gateway's fair queue, in VTC order, instead of in the engines' queues.
+    pool["routing"] = {"saturation": {"maxOutstanding": GATEWAY_MAX_OUTSTANDING}}
     if policy:
-        pool["routing"] = {"policy": policy}
+        pool["routing"]["policy"] = policy
     document = {
         "listen": {"host": HOST, "port": port},
         "admin": {"host": HOST, "port": admin_port},

@@ -166,15 +166,7 @@ def _parser() -> argparse.ArgumentParser:
         "would report in a status condition go to stderr (exit status 1). "
         "See docs/operator.md.",
     )
-    render.add_argument(
-        "-f",
-        "--filename",
-        dest="files",
-        action="append",
-        required=True,
-        metavar="FILE",
-        help="manifests (YAML, several documents); repeatable",
-    )
+    _manifest_files(render)
     render.add_argument(
         "-n", "--namespace", help="namespace of the objects (default $FAIRPOOL_NAMESPACE, default)"
     )
@@ -216,15 +208,7 @@ def _parser() -> argparse.ArgumentParser:
         "would `kubectl apply`) and runs the gateway and every pool replica as local "
         "processes until Ctrl-C. See docs/local.md.",
     )
-    local.add_argument(
-        "-f",
-        "--filename",
-        dest="files",
-        action="append",
-        required=True,
-        metavar="FILE",
-        help="manifests (YAML, several documents); repeatable",
-    )
+    _manifest_files(local)
     local.add_argument("--port", type=int, default=8080, help="gateway port (8080)")
     local.add_argument("--admin-port", type=int, help="admin/metrics port (default: a free one)")
     local.add_argument(
@@ -249,6 +233,18 @@ def _parser() -> argparse.ArgumentParser:
     policies = commands.add_parser("policies", help="list the local policies")
     policies.set_defaults(handler=_list_policies)
     return parser
+
+
+def _manifest_files(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="manifests (YAML, several documents); repeatable",
+    )
 
 
 def _key_values(option: str, items: list[str]) -> dict[str, object]:

@@ -21,10 +21,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fairpool.api.common import Metadata, Spec
-from fairpool.api.scheduler_config import CostWeights
+from fairpool.api.scheduler_config import CostWeights, known_policy
 from fairpool.api.status import InferencePoolStatus
-from fairpool.sched.errors import ConfigError
-from fairpool.sched.registry import ROUTERS, policy_parameters
+from fairpool.sched.registry import ROUTERS
 from fairpool.sched.routers.d2lpm import DEFAULT_WORKER_QUANTUM
 
 EngineKind = Literal["vllm", "sim"]
@@ -119,14 +118,7 @@ class PoolScheduler(Spec):
     )
     cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
 
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, name: str) -> str:
-        try:
-            policy_parameters(name)
-        except ConfigError as error:
-            raise ValueError(error.problem) from None
-        return name
+    _known_policy = field_validator("policy")(lambda cls, name: known_policy(name))
 
 
 class Saturation(Spec):

@@ -40,6 +40,15 @@ XARG_PREFIX = "fairpool_"
 DEFAULT_TENANT = "default"
 
 
+def known_policy(name: str) -> str:
+    """`name` if the registry knows the policy (a pydantic validator's ValueError if not)."""
+    try:
+        policy_parameters(name)
+    except ConfigError as error:
+        raise ValueError(error.problem) from None
+    return name
+
+
 class CostWeights(BaseModel):
     """Service = extendWeight · uncached prompt tokens + outputWeight · output tokens."""
 
@@ -69,14 +78,7 @@ class SchedulerConfig(BaseModel):
     default_weight: float = Field(default=1.0, gt=0, alias="defaultWeight")
     tenants: dict[str, float] = Field(default_factory=dict)
 
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, name: str) -> str:
-        try:
-            policy_parameters(name)
-        except ConfigError as error:
-            raise ValueError(error.problem) from None
-        return name
+    _known_policy = field_validator("policy")(lambda cls, name: known_policy(name))
 
     @field_validator("tenants")
     @classmethod

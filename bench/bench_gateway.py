@@ -104,6 +104,7 @@ from load_client import (
 from routers import (
     MODEL,
     PROXIES,
+    ROOT,
     ROUTERS_VENV,
     EngineOptions,
     Process,
@@ -939,7 +940,7 @@ def main(argv: list[str] | None = None) -> None:
             else None,
         },
         "versions": {proxy.label: proxy.version() for proxy in proxies},
-        "routers_venv": str(ROUTERS_VENV),
+        "routers_venv": os.path.relpath(ROUTERS_VENV, ROOT),  # no machine paths in results
         "skipped": skipped,
     }
     try:

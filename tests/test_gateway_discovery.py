@@ -172,7 +172,7 @@ class Api:
     """A kmock Kubernetes emulator on loopback and an httpx client to change its objects."""
 
     def __init__(self, library: Any, kmock: Any, url: str, http: httpx.AsyncClient) -> None:
-        self.library = library
+        self.kmock_module = library
         self.kmock = kmock
         self.url = url
         self.http = http
@@ -200,7 +200,7 @@ class Api:
 
     def requests(self, action: str) -> int:
         """How many requests of an action ("list", "watch") the API has served."""
-        return len(self.kmock[getattr(self.library.action, action.upper())])
+        return len(self.kmock[getattr(self.kmock_module.action, action.upper())])
 
 
 @contextlib.asynccontextmanager
@@ -303,7 +303,7 @@ def test_kubernetes_workers_read_the_kubeconfig(tmp_path: Path, monkeypatch) -> 
             await api.create(endpoint_slice("chat-a", "chat", [endpoint("10.0.0.1")]))
             async with following(KubernetesWorkers("llm", "chat")) as published:
                 await eventually(lambda: len(published) == 1)
-            authorization = api.kmock[api.library.action.LIST][0].headers["Authorization"]
+            authorization = api.kmock[api.kmock_module.action.LIST][0].headers["Authorization"]
         return published, authorization
 
     published, authorization = asyncio.run(scenario())

@@ -38,6 +38,7 @@ class Gateway:
         self.pools: dict[str, Pool] = {}
         self._by_model: dict[str, Pool] = {}
         self._reloader: asyncio.Task[None] | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
         self._config_stamp = _stamp(self.config_path)
 
     # ------------------------------------------------------------------ lifecycle
@@ -88,7 +89,9 @@ class Gateway:
         for name in list(self.pools):
             pool = self.pools[name]
             if name not in wanted or pool.spec != wanted[name]:
-                asyncio.get_running_loop().create_task(pool.stop())
+                stopping = asyncio.get_running_loop().create_task(pool.stop())
+                self._stopping.add(stopping)  # the loop keeps only weak references
+                stopping.add_done_callback(self._stopping.discard)
                 del self.pools[name]
         for name, spec in wanted.items():
             if name not in self.pools:

@@ -68,7 +68,7 @@ def load_manifests(*paths: str | Path, option: str = "-f") -> Manifests:
     manifests = Manifests()
     seen: dict[tuple[str, str], str] = {}
     for path in paths:
-        for where, document in _documents(Path(path), option):
+        for where, document in read_documents(Path(path), option):
             kind = str(document.get("kind"))
             model = KINDS.get(kind)
             if model is None:
@@ -95,7 +95,10 @@ def load_tenant_quotas(path: str | Path, option: str = "--tenants") -> list[Tena
     return load_manifests(path, option=option).quotas
 
 
-def _documents(source: Path, option: str) -> list[tuple[str, dict[str, Any]]]:
+def read_documents(source: Path, option: str = "-f") -> list[tuple[str, dict[str, Any]]]:
+    """Every document of a multi-document YAML file, with where it is ("FILE, document
+    N") for error messages; ConfigError if the file is missing, not YAML or a document
+    is not a mapping."""
     if not source.is_file():
         raise ConfigError(option, f"no such file: {source}")
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from fairpool.sched.errors import ConfigError
+from fairpool.api.manifests import read_documents as manifest_documents
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import NamespacePlan, plan_namespace
 
@@ -79,18 +79,4 @@ _Dumper.add_representer(str, _string)
 
 def read_documents(path: Path) -> list[dict[str, Any]]:
     """The InferencePool, TenantQuota and Secret documents of a (multi-document) YAML file."""
-    if not path.is_file():
-        raise ConfigError("-f", f"no such file: {path}")
-    try:
-        documents = list(yaml.safe_load_all(path.read_text()))
-    except yaml.YAMLError as error:
-        raise ConfigError(path.name, f"not valid YAML: {error}") from None
-    found = []
-    for number, document in enumerate(documents, start=1):
-        if document is None:
-            continue
-        if not isinstance(document, dict):
-            raise ConfigError(f"{path.name}, document {number}", "must be a mapping")
-        if document.get("kind") in KINDS:
-            found.append(document)
-    return found
+    return [document for _, document in manifest_documents(path) if document.get("kind") in KINDS]

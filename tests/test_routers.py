@@ -8,13 +8,17 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fairpool.sched.cost import CostModel
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import ROUTERS, make_router
 from fairpool.sched.routers import (
     D2LPM,
+    JFFC,
     CacheAware,
+    ChainProfile,
     LeastLoad,
     PrefixRouter,
     RoundRobin,
@@ -423,7 +427,7 @@ def test_evicted_is_a_no_op_for_load_only_routers() -> None:
 
 
 def test_registry_knows_every_router() -> None:
-    assert set(ROUTERS) == {"round_robin", "least_load", "cache_aware", "d2lpm"}
+    assert set(ROUTERS) == {"round_robin", "least_load", "cache_aware", "d2lpm", "jffc"}
     for name, cls in ROUTERS.items():
         router = make_router(name, WORKERS)
         assert isinstance(router, cls)
@@ -471,3 +475,60 @@ def test_registry_bad_names_and_parameters(
 ) -> None:
     with raises_config(parameter):
         make_router(name, **params)
+
+
+# ---------------------------------------------------------------------- JFFC (seed 003, Alg. 3)
+
+
+def _jffc(profiles: dict[str, tuple[int, float]]) -> JFFC:
+    chains = {worker: ChainProfile(capacity, rate) for worker, (capacity, rate) in profiles.items()}
+    return JFFC(list(profiles), chains=chains)
+
+
+def test_jffc_fills_the_fastest_chain_first_up_to_its_capacity() -> None:
+    router = _jffc({"slow": (3, 0.5), "fast": (2, 2.0), "middle": (1, 1.0)})
+    chosen = [router.route(RouteRequest(f"r{i}", "t", "", 1)) for i in range(6)]
+    assert chosen == ["fast", "fast", "middle", "slow", "slow", "slow"]
+    assert not router.has_room()
+    with raises_config("workers"):
+        router.route(RouteRequest("r6", "t", "", 1))
+    router.complete("r3")  # a slow chain's slot frees: the queue head goes there
+    assert router.room("slow") == 1
+    assert router.route(RouteRequest("r7", "t", "", 1)) == "slow"
+
+
+def test_jffc_ties_go_to_the_earliest_chain_and_unprofiled_workers_are_unbounded() -> None:
+    router = JFFC(["a", "b", "c"], chains={"b": ChainProfile(1, 1.0)})
+    assert router.room("a") is None
+    assert [router.route(RouteRequest(f"r{i}", "t", "", 1)) for i in range(3)] == ["a"] * 3
+
+
+@given(
+    profiles=st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from([0.5, 1.0, 2.0, 3.0])), min_size=1, max_size=5
+    ),
+    events=st.lists(st.booleans(), max_size=60),
+)
+def test_jffc_never_exceeds_capacity_and_always_picks_the_fastest_free_chain(
+    profiles: list[tuple[int, float]], events: list[bool]
+) -> None:
+    router = _jffc({f"w{i}": profile for i, profile in enumerate(profiles)})
+    running: list[str] = []
+    for number, arrive in enumerate(events):
+        if arrive and router.has_room():
+            free = [w for w in router.workers if router.room(w)]
+            fastest = max(router.chains[w].service_rate for w in free)
+            worker = router.route(RouteRequest(f"r{number}", "t", "", 1))
+            assert router.chains[worker].service_rate == fastest
+            running.append(f"r{number}")
+        elif running:
+            router.complete(running.pop(0))
+        for worker, state in router.workers.items():
+            assert 0 <= state.outstanding <= router.chains[worker].capacity
+
+
+def test_chain_profile_validation() -> None:
+    with raises_config("capacity"):
+        ChainProfile(0, 1.0)
+    with raises_config("service_rate"):
+        ChainProfile(1, 0.0)

@@ -31,8 +31,9 @@ condition naming the field:
 - InferencePool: `model.source` is required for engine kind `vllm` (the default), as the
   model's validator says; two pools may not serve the same `model.name` (the gateway
   configuration's validator); `scheduler.quantum` only with a policy that takes a quantum
-  (dlpm) and `placement` (free-form here) are checked when the scheduler configuration and
-  the placement are built, at the latest by the engine at start; `engine.resources`
+  (dlpm) is checked when the scheduler configuration is built, at the latest by the engine
+  at start; `placement` needs `model.maxModelLen`, exactly one of `nodeGroups` and
+  `discovery`, a speed for every group, and routes with jffc; `engine.resources`
   quantities and `engine.tolerations` are checked by the API server when the operator
   creates the Deployment.
 - TenantQuota: `tenant` defaults to `metadata.name`; tenant ids are unique across

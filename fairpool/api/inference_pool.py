@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fairpool.api.common import Metadata, Spec
+from fairpool.api.placement import PlacementSpec
 from fairpool.api.scheduler_config import CostWeights, known_policy
 from fairpool.api.status import InferencePoolStatus
 from fairpool.sched.registry import ROUTERS
@@ -194,14 +195,28 @@ class InferencePoolSpec(Spec):
     routing: RoutingSpec = Field(
         default_factory=RoutingSpec, description="Routing across replicas at the gateway."
     )
-    placement: dict[str, Any] | None = Field(
-        default=None, description="Pipeline placement over mixed GPUs (see docs/placement)."
+    placement: PlacementSpec | None = Field(
+        default=None,
+        description="Split the model over chains of mixed GPUs, each chain one "
+        "pipeline-parallel engine (docs/placement.md); replicas is then ignored.",
     )
 
     @model_validator(mode="after")
     def _vllm_needs_weights(self) -> InferencePoolSpec:
         if self.engine.kind == "vllm" and self.model.source is None:
             raise ValueError("model.source is required for engine kind vllm")
+        return self
+
+    @model_validator(mode="after")
+    def _placement_routes_with_jffc(self) -> InferencePoolSpec:
+        """Chains differ in speed and capacity: the gateway balances them with JFFC."""
+        if self.placement is None:
+            return self
+        if self.model.max_model_len is None:
+            raise ValueError("model.maxModelLen is required with placement (it sizes KV)")
+        if "policy" in self.routing.model_fields_set and self.routing.policy != "jffc":
+            raise ValueError("routing.policy must be jffc (or unset) with placement")
+        self.routing.policy = "jffc"
         return self
 
 

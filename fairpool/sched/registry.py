@@ -15,13 +15,13 @@ from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policies import DLPM, FCFS, LPM, MCSF, SLAI, VTC, AlphaProtection, Sarathi
 from fairpool.sched.policy import LocalPolicy
-from fairpool.sched.routers import D2LPM, CacheAware, LeastLoad, RoundRobin, Router
+from fairpool.sched.routers import D2LPM, JFFC, CacheAware, LeastLoad, RoundRobin, Router
 
 POLICIES: dict[str, type[LocalPolicy]] = {
     cls.name: cls for cls in (FCFS, LPM, VTC, DLPM, MCSF, SLAI, Sarathi, AlphaProtection)
 }
 ROUTERS: dict[str, type[Router]] = {
-    cls.name: cls for cls in (RoundRobin, LeastLoad, CacheAware, D2LPM)
+    cls.name: cls for cls in (RoundRobin, LeastLoad, CacheAware, D2LPM, JFFC)
 }
 MEMORY_SAFE_SUFFIX = "+memsafe"
 T = TypeVar("T")

@@ -8,7 +8,8 @@ engines report), and is told of dispatches, completions and cache evictions:
   with the engine's count of prompt tokens it did not find cached, if it reported one;
 - `evicted(key, worker)` when a worker reports a prefix gone from its cache;
 - `update_load(worker, ...)` with what a worker's metrics say;
-- `add_worker` / `remove_worker` as the pool changes.
+- `add_worker` / `remove_worker` as the pool changes;
+- `room(worker)` for routers that cap a worker's concurrency (JFFC's chain capacities).
 
 Prefix-aware routers keep an approximate radix tree of the keys they routed — text at the
 gateway, token ids in the simulator — that learns from their own decisions and forgets by
@@ -135,6 +136,15 @@ class Router(ABC):
 
     def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:
         """`worker_id` dropped `key` (beyond `keep` elements) from its prefix cache."""
+
+    def room(self, worker_id: str) -> int | None:
+        """More requests `worker_id` may take now; None when the router sets no limit
+        (the gateway's saturation thresholds still apply)."""
+        return None
+
+    def has_room(self) -> bool:
+        """Some worker may take another request."""
+        return bool(self.workers) and any(self.room(worker) != 0 for worker in self.workers)
 
     def in_flight(self, request_id: str) -> str | None:
         flight = self._in_flight.get(request_id)

@@ -85,12 +85,43 @@ def check_worker_url(url: str) -> str:
     return url.rstrip("/")
 
 
+class ChainWorker(Spec):
+    """One chain of a placement pool: a pipeline-parallel engine, its capacity c_k and its
+    predicted service rate μ_k, which JFFC dispatches by."""
+
+    name: str = Field(min_length=1, description="Chain name, e.g. chain-0.")
+    url: str = Field(description="Base URL of the chain's first stage (its OpenAI server).")
+    capacity: int = Field(ge=1, description="Requests the chain may run at once.")
+    service_rate: float = Field(
+        gt=0, alias="serviceRate", description="Predicted requests per second per slot (1/T_k)."
+    )
+
+    _url = field_validator("url")(lambda cls, url: check_worker_url(url))
+
+
 class GatewayPool(Spec):
     name: str = Field(min_length=1, description="The InferencePool's name.")
     model: str = Field(min_length=1, description="Served model name that selects this pool.")
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Worker choice.")
     cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
     workers: WorkerSource = Field(description="Where the pool's workers are.")
+    chains: list[ChainWorker] = Field(
+        default_factory=list,
+        description="For placement pools: the chains' capacities and rates, by worker URL.",
+    )
+
+    @model_validator(mode="after")
+    def _chains_are_workers(self) -> GatewayPool:
+        if not self.chains:
+            return self
+        if self.routing.policy != "jffc":
+            raise ValueError("chains need routing.policy jffc")
+        if self.workers.urls is None:
+            raise ValueError("chains need workers.urls (the chains' URLs)")
+        missing = sorted({chain.url for chain in self.chains} - set(self.workers.urls))
+        if missing:
+            raise ValueError(f"chain URL {missing[0]!r} is not among workers.urls")
+        return self
 
 
 class GatewayTenant(Spec):
@@ -206,8 +237,15 @@ def gateway_config_from_manifests(
     return validate(GatewayConfig, document, "gateway configuration")
 
 
-def gateway_pool(pool: InferencePool, workers: list[str] | WorkerSource) -> GatewayPool:
-    """The gateway's entry for a pool: its model, routing, costs and where its workers are."""
+def gateway_pool(
+    pool: InferencePool,
+    workers: list[str] | WorkerSource,
+    chains: list[ChainWorker] | None = None,
+) -> GatewayPool:
+    """The gateway's entry for a pool: its model, routing, costs and where its workers are
+    (for a placement pool, its chains: their URLs are then the workers)."""
+    if chains:
+        workers = [chain.url for chain in chains]
     source = workers if isinstance(workers, WorkerSource) else WorkerSource(urls=workers)
     return GatewayPool(
         name=pool.name,
@@ -215,6 +253,7 @@ def gateway_pool(pool: InferencePool, workers: list[str] | WorkerSource) -> Gate
         routing=pool.spec.routing,
         cost=pool.spec.scheduler.cost,
         workers=source,
+        chains=chains or [],
     )
 
 

@@ -6,7 +6,9 @@
 - The router (D2LPM by default, any core router by name) keeps the pool's prefix tree of
   prompt text, the requests outstanding per worker and the deficits q[tenant, worker].
 - The fair queue holds requests while every worker in rotation is saturated and releases
-  them in VTC order across tenants.
+  them in VTC order across tenants. In a placement pool the workers are chains with a
+  capacity each and the router is JFFC: the fair queue is then JFFC's central queue, so a
+  freed chain slot goes to the tenant VTC picks, and that request to the fastest free chain.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 from fairpool.api.gateway_config import GatewayConfig, GatewayPool
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.registry import make_router, router_parameters
-from fairpool.sched.routers import D2LPM, Router, RouteRequest
+from fairpool.sched.routers import D2LPM, ChainProfile, Router, RouteRequest
 from fairpool_gateway.discovery import discovery_for
 from fairpool_gateway.fair_queue import FairQueue
 from fairpool_gateway.workers import WorkerHealth, WorkerMonitor
@@ -87,7 +89,8 @@ class Pool:
         """A worker in rotation has room for one more request than those the fair queue
         released and that are not dispatched yet. A worker has room while the gateway has
         fewer than `maxOutstanding` requests on it and its metrics show fewer than
-        `maxWaiting` waiting requests and less than `maxKvUsage` KV use."""
+        `maxWaiting` waiting requests and less than `maxKvUsage` KV use, and, for a chain
+        of a placement pool, fewer than its capacity."""
         limits = self.spec.routing.saturation
         room = 0
         dispatched = 0
@@ -98,7 +101,9 @@ class Pool:
                 health is not None and health.waiting >= limits.max_waiting
             ):
                 continue
-            room += max(limits.max_outstanding - worker.outstanding, 0)
+            worker_room = max(limits.max_outstanding - worker.outstanding, 0)
+            chain_room = self.router.room(worker.worker_id)  # JFFC: capacity c_k left
+            room += worker_room if chain_room is None else min(worker_room, chain_room)
         released_not_dispatched = max(self.queue.in_flight() - dispatched, 0)
         return room > released_not_dispatched
 
@@ -191,6 +196,9 @@ def _make_router(spec: GatewayPool, config: GatewayConfig, weights: Mapping[str,
         "worker_quantum": spec.routing.worker_quantum,
         "max_tree_tokens": config.max_tree_chars,
         "min_match": spec.routing.min_match_chars,
+        "chains": {
+            chain.url: ChainProfile(chain.capacity, chain.service_rate) for chain in spec.chains
+        },
     }
     accepted = router_parameters(spec.routing.policy)
     return make_router(

@@ -156,6 +156,7 @@ class Pool:
                     "outstanding": (
                         self.router.workers[url].outstanding if url in self.router.workers else 0
                     ),
+                    "chainRoom": (self.router.room(url) if url in self.router.workers else None),
                     "waiting": health.waiting,
                     "running": health.running,
                     "kvUsage": health.kv_usage,

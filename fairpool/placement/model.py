@@ -71,7 +71,9 @@ class ChainProblem:
 
     def layers_at(self, server: Server, capacity_param: int) -> int:
         """m_j(c) = min(⌊M_j / (s_m + s_c·c)⌋, L), eq. (8)."""
-        return min(server.memory // (self.layer_bytes + self.slot_bytes * capacity_param), self.layers)
+        return min(
+            server.memory // (self.layer_bytes + self.slot_bytes * capacity_param), self.layers
+        )
 
     def max_capacity_param(self) -> int:
         """c_max = ⌊(max_j M_j − s_m)/s_c⌋: the most concurrent jobs any server can hold."""
@@ -88,6 +90,10 @@ class Placement:
     layers: dict[int, int]  # m_j, by server index
     chains: tuple[tuple[int, ...], ...]  # GBP-CR's complete disjoint chains, servers in order
     spare: tuple[int, ...] = ()  # servers left without a complete chain
+    # GBP-CR's T per complete chain (Alg. 1 line 5): Σ t_j(c) over the chain with every server's
+    # full m_j(c), a pessimistic service time; the real T_k comes from the layers processed.
+    chain_seconds: tuple[float, ...] = ()
+    target_met: bool = False  # whether Σ 1/T reached λ/(ρ̄c) (Alg. 1 line 9)
 
 
 @dataclass(frozen=True)

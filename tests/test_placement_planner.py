@@ -70,23 +70,30 @@ def test_digest_worked_example_without_rebalancing() -> None:
     assert example_plan(1.0, rebalance=False, tuning="surrogate").capacity_param == 19
 
 
-def test_digest_worked_example_with_rebalancing_uses_the_slow_nodes() -> None:
-    """With REBALANCE (the default) the example does NOT reproduce, and this is why:
-    rebalancing gives the H100 chain its best split "27,27,26" (c_k = 24) whatever c is, so a
-    small c no longer costs the fast chain capacity. A small c only makes GBP-CR build more
-    chains (it stops at λ/(ρ̄c)), and extra, slower chains can only lower Theorem 3.7's lower
-    bound (it assumes jobs sit on the fastest chains). So the lower bound picks c = 3 with
-    three chains: 11.8306 s against 11.8313 s for the H100 chain alone, while the upper
-    bound rises to 25.5 s. The explanation says so; the digest's §6.5 table assumed exact
-    partitions (or GCA's chains, see test_placement_algorithms)."""
+def test_digest_worked_example_with_rebalancing_and_the_score_tolerance() -> None:
+    """With REBALANCE (the default) the H100 chain gets its best split "27,27,26" (c_k = 24)
+    whatever c is, so a small c no longer costs the fast chain capacity; it only makes
+    GBP-CR build more chains (it stops at λ/(ρ̄c)), and extra, slower chains can only lower
+    Theorem 3.7's lower bound (it assumes jobs sit on the fastest chains). With no score
+    tolerance the lower bound therefore picks c = 3 with three chains (15 nodes): 11.8306 s
+    against 11.8313 s for the H100 chain alone, while the upper bound rises to 25.5 s. The
+    planner's default tolerance (1 %) counts those as a tie and takes the plan with the
+    fewest nodes: the digest's chain, three H100, the rest idle."""
     plan = example_plan(1.0)
-    assert plan.capacity_param == 3
-    assert len(plan.chains) == 3
-    assert (plan.chains[0].partition_string, plan.chains[0].capacity) == ("27,27,26", 24)
-    assert plan.bounds.lower == pytest.approx(11.8306, abs=1e-4)
-    assert plan.bounds.upper == pytest.approx(25.47, abs=0.01)
-    assert any("fastest 1 chain(s) alone (3 nodes)" in line for line in plan.explanation)
-    assert any("rebalanced from 37,37,6 (capacity 3)" in line for line in plan.explanation)
+    (chain,) = plan.chains
+    assert (chain.partition_string, chain.capacity) == ("27,27,26", 24)
+    assert chain.nodes == ("h100-0", "h100-1", "h100-2")
+    assert plan.bounds.upper == pytest.approx(11.83, abs=0.005)
+    assert len(plan.idle_nodes) == 13
+
+    literal = example_plan(1.0, score_tolerance=0.0)
+    assert literal.capacity_param == 3
+    assert len(literal.chains) == 3
+    assert (literal.chains[0].partition_string, literal.chains[0].capacity) == ("27,27,26", 24)
+    assert literal.bounds.lower == pytest.approx(11.8306, abs=1e-4)
+    assert literal.bounds.upper == pytest.approx(25.47, abs=0.01)
+    assert any("fastest 1 chain(s) alone (3 nodes)" in line for line in literal.explanation)
+    assert any("rebalanced from 37,37,6 (capacity 3)" in line for line in literal.explanation)
     assert len(example_plan(1.0, tuning="upperBound").chains) == 1
 
 

@@ -192,6 +192,7 @@ def _tune(
                 "vllm",
                 policy.tuning,
                 mapping,
+                tolerance=policy.score_tolerance,
             )
         best = evaluate_capacity(
             problem,

@@ -127,6 +127,8 @@ class PlanPolicy:
     tuning: Literal["lowerBound", "surrogate", "upperBound"] = "lowerBound"
     rebalance: bool = True
     max_stages: int = 8
+    #: Scores within this fraction of the best tie; ties go to the plan with fewest nodes.
+    score_tolerance: float = 0.01
 
     def __post_init__(self) -> None:
         if self.capacity_param is not None:
@@ -136,6 +138,8 @@ class PlanPolicy:
                 "policy.tuning", f"must be lowerBound, surrogate or upperBound: {self.tuning!r}"
             )
         require_count("policy.maxStages", self.max_stages, minimum=1)
+        if not 0 <= self.score_tolerance < 1:
+            raise ConfigError("policy.scoreTolerance", "must be within [0, 1)")
 
 
 def layer_seconds(group: NodeGroup, model: ModelProfile, workload: Workload) -> float:

@@ -7,7 +7,10 @@ concurrency. For every c in 1..c_max: place with GBP-CR, build the chains, skip 
 - `lowerBound` (default): Theorem 3.7's lower bound (31)/λ — the paper's best tuner (Fig. 6-7);
 - `upperBound`: the bound (32)/λ (reserves too much cache, per the paper);
 - `surrogate`: c·K(c) of eq. (14) (reserves too little, per the paper).
-Ties go to the smaller c. Chains come from GCA (`mode="paper"`, the paper's §3.2.3) or from
+Ties go to the smaller c. With a `tolerance` (the planner's, for deployments), scores within
+that fraction of the best count as ties too and go to the plan using the fewest servers:
+a plan that deploys twelve more nodes to shave 0.01 % off a bound is not better. Chains come
+from GCA (`mode="paper"`, the paper's §3.2.3) or from
 GBP-CR's disjoint chains mapped to vLLM engines (`mode="vllm"`, digest §6.3).
 """
 
@@ -90,6 +93,7 @@ def tune_capacity(
     tuning: Tuning = "lowerBound",
     mapping: VllmMapping | None = None,
     capacity_params: range | None = None,
+    tolerance: float = 0.0,
 ) -> Tuned:
     """TUNE of §3.2.3 / eq. (14) over `capacity_params` (default 1..c_max).
 
@@ -101,7 +105,7 @@ def tune_capacity(
     if capacity_params is None:
         capacity_params = range(1, problem.max_capacity_param() + 1)
     seen: dict[tuple[object, ...], tuple[tuple[Chain, ...], ResponseBounds] | None] = {}
-    best: Candidate | None = None
+    candidates: list[Candidate] = []
     scores: list[tuple[int, float]] = []
     for c in capacity_params:
         placement = gbp_cr(problem, c, arrival_rate, target_load)
@@ -122,15 +126,29 @@ def tune_capacity(
         else:
             score = float(c * needed)
         scores.append((c, score))
-        if best is None or score < best.score:
-            best = Candidate(c, placement, chains, bounds, needed, score)
-    if best is None:
+        candidates.append(Candidate(c, placement, chains, bounds, needed, score))
+    if not candidates:
         raise ConfigError(
             "arrivalRate",
             f"{arrival_rate} req/s: no capacity parameter in {_describe(capacity_params)} gives "
             + ("chains meeting λ/(ρ̄c)" if tuning == "surrogate" else "a stable pool (λ < ν)"),
         )
-    return Tuned(best=best, scores=tuple(scores))
+    return Tuned(best=_best(candidates, tolerance), scores=tuple(scores))
+
+
+def _best(candidates: list[Candidate], tolerance: float) -> Candidate:
+    """The lowest score, ties to the smallest c; with a tolerance, first the fewest servers
+    among the scores within it."""
+    lowest = min(candidate.score for candidate in candidates)
+    near = [c for c in candidates if c.score <= lowest + abs(lowest) * tolerance]
+    return min(
+        near,
+        key=lambda c: (
+            sum(len(chain.servers) for chain in c.chains) if tolerance else 0,
+            c.score,
+            c.capacity_param,
+        ),
+    )
 
 
 def evaluate_capacity(

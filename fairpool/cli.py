@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: int = args.handler(args)
         return result
     except ConfigError as error:
-        Console(stderr=True).print(f"[red]error:[/red] {error}")
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {error}")
         return 2
 
 
@@ -171,7 +171,27 @@ def _parser() -> argparse.ArgumentParser:
         "-n", "--namespace", help="namespace of the objects (default $FAIRPOOL_NAMESPACE, default)"
     )
     render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    render.add_argument(
+        "--lws",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="placement chains as LeaderWorkerSets (default: StatefulSets per stage)",
+    )
+    _nodes_file(render)
     render.set_defaults(handler=_render)
+
+    plan = commands.add_parser(
+        "plan",
+        help="the chains a placement pool gets: nodes, layer partitions, capacities, why",
+        description="Plans every InferencePool with spec.placement in the files (seed 003: "
+        "GBP-CR chains tuned by Theorem 3.7, one pipeline-parallel vLLM engine per chain) "
+        "and prints the chains, the predicted response time, the idle nodes and the "
+        "planner's reasons. See docs/placement.md.",
+    )
+    _manifest_files(plan)
+    _nodes_file(plan)
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plan.set_defaults(handler=_plan)
 
     operator = commands.add_parser(
         "operator",
@@ -244,6 +264,14 @@ def _manifest_files(command: argparse.ArgumentParser) -> None:
         required=True,
         metavar="FILE",
         help="manifests (YAML, several documents); repeatable",
+    )
+
+
+def _nodes_file(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--nodes",
+        metavar="FILE",
+        help="the cluster's Nodes (kubectl get nodes -o yaml), for placement discovery",
     )
 
 
@@ -356,13 +384,21 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
+    from fairpool.api.pool_plan import read_nodes
     from fairpool_operator.dry_run import format_objects, render_files
 
-    rendering = render_files(args.files, args.namespace)
+    nodes = read_nodes(args.nodes) if args.nodes else None
+    rendering = render_files(args.files, args.namespace, None, args.lws, nodes)
     sys.stdout.write(format_objects(rendering.objects, args.output))
     for problem in rendering.problems:
         Console(stderr=True).print(f"[yellow]warning:[/yellow] {problem}", soft_wrap=True)
     return 1 if rendering.problems else 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from fairpool.plan_report import plan_command
+
+    return plan_command(args.files, args.nodes, args.json, _wide_console())
 
 
 def _operator(args: argparse.Namespace) -> int:

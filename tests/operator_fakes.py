@@ -20,6 +20,8 @@ class FakeApi(Api):
         self.writes: list[tuple[str, str, str]] = []  # (verb, kind, name)
         self._versions = itertools.count(1)
         self._uids = itertools.count(1)
+        self.node_list: list[dict[str, Any]] = []  # the cluster's Nodes
+        self.served_kinds: set[str] = set()  # kinds of optional APIs served (LeaderWorkerSet)
 
     # --- the Api ---------------------------------------------------------------------------
 
@@ -70,6 +72,16 @@ class FakeApi(Api):
         merged = {**current.get("status", {}), **copy.deepcopy(dict(status))}
         current["status"] = {key: value for key, value in merged.items() if value is not None}
         return copy.deepcopy(current)
+
+    def delete(self, kind: Kind, name: str) -> None:
+        if self.objects.pop((kind.kind, name), None) is not None:
+            self.writes.append(("delete", kind.kind, name))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.node_list)
+
+    def serves(self, kind: Kind) -> bool:
+        return kind.kind in self.served_kinds
 
     # --- for tests -------------------------------------------------------------------------
 

@@ -280,6 +280,8 @@ def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs
     kinds = sorted(f"{doc['kind']}/{doc['metadata']['name']}" for doc in default_docs)
     assert kinds == sorted(
         [
+            "ClusterRole/serving-fp-operator-nodes",
+            "ClusterRoleBinding/serving-fp-operator-nodes",
             "ConfigMap/fp-dashboard",
             "Deployment/fp-gateway",
             "Deployment/fp-operator",
@@ -295,8 +297,9 @@ def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs
             "ServiceAccount/fp-operator",
         ]
     )
-    for doc in default_docs:  # namespaced, every one: no ClusterRole, no cluster-wide rights
-        assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
+    for doc in default_docs:  # namespaced, every one but the right to read Nodes
+        if not doc["kind"].startswith("ClusterRole"):
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
 
 
 @needs_helm
@@ -607,7 +610,9 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
         contract.ENGINE_SIM_IMAGE_ENV,
         contract.GATEWAY_SECRET_ENV,
         contract.GATEWAY_ADMIN_URL_ENV,
+        contract.LEADER_WORKER_SET_ENV,
     } <= env.keys()
+    assert env[contract.LEADER_WORKER_SET_ENV] == "auto"
     assert env[contract.GATEWAY_SECRET_ENV] == contract.DEFAULT_GATEWAY_SECRET
     assert one(default_docs, "KopfPeering", contract.DEFAULT_PEERING)
     assert one(default_docs, "Secret", contract.DEFAULT_GATEWAY_SECRET)
@@ -673,6 +678,8 @@ def test_operator_role_is_exactly_the_contract(default_docs):
         ),
         ("fairpool.io", ["inferencepools/finalizers"], ["update"]),
         ("apps", ["deployments"], crud),
+        ("apps", ["statefulsets"], crud),
+        ("leaderworkerset.x-k8s.io", ["leaderworkersets"], crud),
         ("", ["services", "configmaps"], crud),
         ("", ["secrets"], ["get", "list", "watch", "create"]),
         ("", ["secrets"], ["patch", "update"], "fairpool-gateway-config"),
@@ -683,10 +690,18 @@ def test_operator_role_is_exactly_the_contract(default_docs):
 
 
 @needs_helm
-def test_no_cluster_wide_rights(default_docs, full_docs):
-    # The operator turns kopf's cluster discovery off, so nothing needs a ClusterRole.
+def test_the_only_cluster_wide_right_is_reading_nodes(default_docs, full_docs, tmp_path):
+    # kopf's cluster discovery is off; placement discovery reads Nodes, nothing else.
     for docs in (default_docs, full_docs):
-        assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+        (role,) = by_kind(docs, "ClusterRole")
+        assert rules(docs, "ClusterRole", role["metadata"]["name"]) == expand(
+            ("", ["nodes"], ["get", "list", "watch"])
+        )
+        (binding,) = by_kind(docs, "ClusterRoleBinding")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"][0]["namespace"] == NAMESPACE
+    docs = render(tmp_path, None, "--set", "rbac.readNodes=false")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
 
 
 @needs_helm
@@ -728,6 +743,7 @@ def test_no_wildcards_and_bindings_name_the_right_accounts(full_docs):
         ("metrics.serviceMonitor.interval=soon", "/metrics/serviceMonitor/interval"),
         ("metrics.serviceMonitor.enabled=maybe", "/metrics/serviceMonitor/enabled"),
         ("gateway.configSecretName=Bad_Name", "/gateway/configSecretName"),
+        ("operator.leaderWorkerSet=maybe", "/operator/leaderWorkerSet"),
         ("gateway.ingress.hosts[0].paths[0].pathType=Any", "/gateway/ingress/hosts/0/paths/0"),
         ("operator.resources.limits.cpu=lots", "/operator/resources/limits/cpu"),
     ],

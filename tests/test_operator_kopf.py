@@ -387,3 +387,43 @@ def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.Monke
     assert (first["peering_name"], first["standalone"]) == ("fairpool", False)
     assert first["priority"] == 1 + (10 << 24 | 5) and first["liveness_endpoint"] == liveness
     assert (second["namespaces"], second["peering_name"], second["priority"]) == (["ns"], None, 7)
+
+
+def test_a_placement_pool_becomes_chains_whose_stage_0_pods_make_it_ready(
+    cluster_env: Path,
+) -> None:
+    """Without the LeaderWorkerSet API the chains are StatefulSets; the gateway lists them;
+    a chain's stage-0 pod becoming ready (a pod event) shows in the pool's status."""
+    body = yaml.safe_load((Path(__file__).parent.parent / "examples" / "pipeline.yaml").read_text())
+    body["metadata"]["namespace"] = NS
+    body["spec"]["placement"]["workload"]["arrivalRate"] = 1.0  # one chain of three H100s
+
+    async def scenario() -> str:
+        async with faithful_kmock() as emulator:
+            write_kubeconfig(cluster_env, str(emulator.url).rstrip("/"))
+            k = Cluster(emulator)
+            await k.post(f"/apis/fairpool.io/v1alpha1/namespaces/{NS}/inferencepools", body)
+            async with Operator() as runner:
+                for stage in range(3):
+                    name = f"llama-70b-chain-0-s{stage}"
+                    await eventually(lambda name=name: k.get("apps/v1/statefulsets", name))
+                await eventually(lambda: k.get("v1/services", "llama-70b-chain-0-head"))
+                await eventually(lambda: k.gateway()["pools"][0]["chains"][0]["name"] == "chain-0")
+                await eventually(lambda: k.get(POOLS, "llama-70b")["status"]["placement"])
+                placement = k.get(POOLS, "llama-70b")["status"]["placement"]
+                assert placement["chains"][0]["layerPartition"] == "27,27,26"
+                pod = engine_pod("llama-70b-chain-0-s0-0", "10.1.0.9")
+                pod["metadata"]["labels"] = {
+                    "fairpool.io/pool": "llama-70b",
+                    "app.kubernetes.io/managed-by": "fairpool-operator",
+                    "fairpool.io/chain": "chain-0",
+                    "fairpool.io/stage": "0",
+                }
+                await k.post(f"/api/v1/namespaces/{NS}/pods", pod)
+                await eventually(lambda: k.get(POOLS, "llama-70b")["status"]["readyReplicas"] == 1)
+                assert ready(k.get(POOLS, "llama-70b")) == "True"
+            assert runner.exit_code == 0 and runner.exception is None
+            return str(runner.output)
+
+    output = asyncio.run(scenario())
+    assert "Traceback" not in output and "chains as StatefulSets" in output

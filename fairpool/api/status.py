@@ -32,6 +32,51 @@ class Endpoint(Spec):
     ready: bool = Field(description="Whether the pod passes its readiness probe.")
 
 
+class ResponseSeconds(Spec):
+    """Bounds on the mean response time the plan predicts (the paper's Theorem 3.7)."""
+
+    lower: float = Field(ge=0, description="Lower bound, seconds.")
+    upper: float = Field(ge=0, description="Upper bound, seconds.")
+
+
+class PlannedChainStatus(Spec):
+    """One chain of a placement pool: one pipeline-parallel engine."""
+
+    name: str = Field(description="Chain name, e.g. chain-0.")
+    nodes: list[str] = Field(
+        default_factory=list,
+        description="Node slots of the stages in stage order, <group>-<index>.",
+    )
+    groups: list[str] = Field(default_factory=list, description="Node group of each stage.")
+    layer_partition: str = Field(
+        alias="layerPartition", description="Layers per stage (VLLM_PP_LAYER_PARTITION)."
+    )
+    capacity: int = Field(ge=0, description="Requests the chain runs at once (c_k).")
+    service_seconds: float = Field(
+        ge=0, alias="serviceSeconds", description="Predicted mean service time T_k, seconds."
+    )
+
+
+class PlacementStatus(Spec):
+    """The plan the operator rendered for `spec.placement` (docs/placement.md)."""
+
+    capacity_param: int = Field(
+        ge=0, alias="capacityParam", description="Concurrent requests each stage reserves KV for."
+    )
+    predicted_response_seconds: ResponseSeconds | None = Field(
+        default=None,
+        alias="predictedResponseSeconds",
+        description="Predicted mean response time at the spec's arrival rate.",
+    )
+    chains: list[PlannedChainStatus] = Field(default_factory=list, description="The chains.")
+    idle_nodes: list[str] = Field(
+        default_factory=list, alias="idleNodes", description="Node slots left out of every chain."
+    )
+    explanation: list[str] = Field(
+        default_factory=list, description="Why the planner chose this, line by line."
+    )
+
+
 class InferencePoolStatus(Spec):
     replicas: int = Field(default=0, ge=0, description="Engine pods that exist.")
     ready_replicas: int = Field(
@@ -43,6 +88,9 @@ class InferencePoolStatus(Spec):
     )
     observed_generation: int | None = Field(
         default=None, ge=0, alias="observedGeneration", description="Spec generation reconciled."
+    )
+    placement: PlacementStatus | None = Field(
+        default=None, description="For placement pools: the chains planned and rendered."
     )
 
 

@@ -1,5 +1,7 @@
 """The little of the Kubernetes API the reconciler uses, as an interface: a fake in memory
-for unit tests, `kube.KubernetesApi` against a cluster (or kmock)."""
+for unit tests, `kube.KubernetesApi` against a cluster (or kmock). Everything is in one
+namespace but two reads: the cluster's Nodes (for placement pools that discover their
+nodes) and whether an API (LeaderWorkerSet) is served."""
 
 from __future__ import annotations
 
@@ -35,7 +37,29 @@ SERVICE = Kind("v1", "Service", "services")
 CONFIGMAP = Kind("v1", "ConfigMap", "configmaps")
 SECRET = Kind("v1", "Secret", "secrets")
 POD = Kind("v1", "Pod", "pods")
-KINDS = {kind.kind: kind for kind in (POOL, TENANT, DEPLOYMENT, SERVICE, CONFIGMAP, SECRET, POD)}
+STATEFULSET = Kind("apps/v1", "StatefulSet", "statefulsets")
+LEADERWORKERSET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
+KINDS = {
+    kind.kind: kind
+    for kind in (
+        POOL,
+        TENANT,
+        DEPLOYMENT,
+        SERVICE,
+        CONFIGMAP,
+        SECRET,
+        POD,
+        STATEFULSET,
+        LEADERWORKERSET,
+    )
+}
+#: The kinds of objects the operator creates for a pool and deletes when a new plan no
+#: longer has them (a placement pool's chains, or its Deployment when it gains placement).
+POOL_WORKLOADS = (DEPLOYMENT, STATEFULSET, LEADERWORKERSET, SERVICE)
+
+
+#: Objects as the API serves them (an alias: inside `Api`, `list` is a method).
+Objects = list[dict[str, Any]]
 
 
 def kind_of(manifest: Mapping[str, Any]) -> Kind:
@@ -69,6 +93,15 @@ class Api(Protocol):
 
     def patch_status(self, kind: Kind, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """Merge-patches the object's status subresource with `status`."""
+
+    def delete(self, kind: Kind, name: str) -> None:
+        """Deletes the object (its dependents in the background); none: no error."""
+
+    def nodes(self) -> Objects:
+        """The cluster's Nodes (cluster-scoped: needs the chart's ClusterRole)."""
+
+    def serves(self, kind: Kind) -> bool:
+        """Whether the API server serves `kind` (its API group's discovery lists it)."""
 
 
 def matches(obj: Mapping[str, Any], labels: Mapping[str, str] | None) -> bool:

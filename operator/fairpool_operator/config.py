@@ -25,6 +25,9 @@ class OperatorConfig:
     gateway_secret: str = contract.DEFAULT_GATEWAY_SECRET
     gateway_admin_url: str | None = None
     served_interval: float = 30.0
+    #: Render multi-stage chains as LeaderWorkerSets: True, False, or None to detect the
+    #: LeaderWorkerSet API when the operator starts (FAIRPOOL_LEADER_WORKER_SET).
+    leader_worker_set: bool | None = None
 
     def image(self, kind: EngineKind) -> str:
         """The default image of an engine kind (a pool's `engine.image` overrides it)."""
@@ -45,6 +48,7 @@ class OperatorConfig:
             gateway_secret=env.get(contract.GATEWAY_SECRET_ENV) or contract.DEFAULT_GATEWAY_SECRET,
             gateway_admin_url=(env.get(contract.GATEWAY_ADMIN_URL_ENV) or "").rstrip("/") or None,
             served_interval=_seconds(env, contract.SERVED_INTERVAL_ENV, 30.0),
+            leader_worker_set=_auto_flag(env, contract.LEADER_WORKER_SET_ENV),
         )
 
 
@@ -67,3 +71,12 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {text!r}")
     return value
+
+
+def _auto_flag(env: Mapping[str, str], name: str) -> bool | None:
+    """`true`/`false`, or None for `auto` or unset."""
+    text = (env.get(name) or "auto").strip().lower()
+    choices = {"auto": None, "true": True, "false": False}
+    if text not in choices:
+        raise ConfigError(name, f"must be auto, true or false, got {env.get(name)!r}")
+    return choices[text]

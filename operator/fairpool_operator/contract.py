@@ -6,6 +6,8 @@ Deployments and mounts are written against it. Change it there too, or not at al
 
 from __future__ import annotations
 
+import hashlib
+
 from fairpool import __version__
 
 #: The API group and version of InferencePool and TenantQuota.
@@ -82,3 +84,52 @@ def selector_labels(pool: str) -> dict[str, str]:
 def engine_labels(pool: str) -> dict[str, str]:
     """The labels of everything the operator creates for a pool, pods included."""
     return {**selector_labels(pool), MANAGED_BY_LABEL: MANAGED_BY, POOL_LABEL: pool}
+
+
+# --- placement pools (docs/placement.md) ------------------------------------------------------
+#: Which chain of a placement pool a pod or object belongs to (e.g. chain-0), and which
+#: pipeline stage a pod runs ("0", "1", ...; the workers of a LeaderWorkerSet: "workers").
+CHAIN_LABEL = "fairpool.io/chain"
+STAGE_LABEL = "fairpool.io/stage"
+LWS_WORKERS_STAGE = "workers"
+#: vLLM's torch.distributed rendezvous on stage 0 (`--master-port`, vLLM's default).
+MASTER_PORT = 29501
+MASTER_PORT_NAME = "dist"
+#: Every stage of a chain reads the layer split from this variable, in stage order.
+PP_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+#: What the LeaderWorkerSet controller sets in each pod of a group.
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+#: `auto` (detect the LeaderWorkerSet API at start), `true` or `false`.
+LEADER_WORKER_SET_ENV = "FAIRPOOL_LEADER_WORKER_SET"
+#: Longest name of a chain's objects: a StatefulSet's pods add "-0" and a
+#: controller-revision-hash label "<name>-<10 characters>" that must stay within 63.
+CHAIN_NAME_LIMIT = 48
+
+
+def chain_name(pool: str, chain: str) -> str:
+    """The chain's Service (the gateway's worker URL) and, with LWS, its LeaderWorkerSet."""
+    return fit_name(f"{pool}-{chain}")
+
+
+def stage_name(pool: str, chain: str, stage: int) -> str:
+    """Without LWS: the StatefulSet of one stage (its one pod is `<name>-0`)."""
+    return fit_name(f"{pool}-{chain}-s{stage}")
+
+
+def head_name(pool: str, chain: str) -> str:
+    """Without LWS: the headless Service that gives a chain's stage 0 its DNS name."""
+    return fit_name(f"{pool}-{chain}-head")
+
+
+def chain_selector_labels(pool: str, chain: str) -> dict[str, str]:
+    return {**selector_labels(pool), CHAIN_LABEL: chain}
+
+
+def fit_name(name: str, limit: int = CHAIN_NAME_LIMIT) -> str:
+    """`name`, or when longer than `limit` its head and a digest of the whole: still unique,
+    still a DNS label, the same every time."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: limit - 9].rstrip('-')}-{digest}"

@@ -3,14 +3,16 @@ file, without a cluster — the same planning and rendering functions, printed.
 
 Pools, tenants and key Secrets are read as the API would hold them (no uid yet: owner
 references name the pool and show a placeholder uid). Problems the operator would put in a
-status condition are reported on stderr, naming the object and the field.
+status condition are reported on stderr, naming the object and the field. Placement pools
+render their chains as LeaderWorkerSets only when asked (`--lws`: there is no cluster to
+ask), and those that discover their nodes read them from `--nodes FILE`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,18 @@ class Rendering:
 
 
 def render_files(
-    paths: Sequence[str | Path], namespace: str | None = None, environ: dict[str, str] | None = None
+    paths: Sequence[str | Path],
+    namespace: str | None = None,
+    environ: dict[str, str] | None = None,
+    leader_worker_set: bool | None = None,
+    nodes: Sequence[Mapping[str, Any]] | None = None,
 ) -> Rendering:
-    """The objects for the manifests in `paths`, in the order the operator writes them."""
+    """The objects for the manifests in `paths`, in the order the operator writes them;
+    chains as LeaderWorkerSets when `leader_worker_set` (else as FAIRPOOL_LEADER_WORKER_SET
+    says, `auto` meaning no); `nodes` for placement pools that discover theirs."""
     config = OperatorConfig.from_environment(environ, namespace=namespace)
+    if leader_worker_set is not None or config.leader_worker_set is None:
+        config = replace(config, leader_worker_set=bool(leader_worker_set))
     documents = [document for path in paths for document in read_documents(Path(path))]
     pools = [doc for doc in documents if doc.get("kind") == "InferencePool"]
     quotas = [doc for doc in documents if doc.get("kind") == "TenantQuota"]
@@ -42,7 +52,7 @@ def render_files(
         for doc in documents
         if doc.get("kind") == "Secret"
     }
-    plan = plan_namespace(pools, quotas, secrets, config)
+    plan = plan_namespace(pools, quotas, secrets, config, nodes=nodes)
     return Rendering(plan.objects, problems(plan))
 
 

@@ -2,8 +2,9 @@
 
 - pools and tenants created, updated, resumed (operator start) or deleted: full reconcile;
 - a Secret a tenant names changes (a key rotated): full reconcile;
-- an engine Deployment changes: its pool's status (replicas, pods); one of the operator's
-  Deployments, Services or ConfigMaps deleted: full reconcile (it is recreated);
+- an engine Deployment or a chain's StatefulSet changes, or a chain's stage pod (which also
+  covers LeaderWorkerSets): its pool's status; one of the operator's Deployments,
+  StatefulSets, Services or ConfigMaps deleted: full reconcile (it is recreated);
 - a timer on every tenant, every FAIRPOOL_SERVED_INTERVAL seconds (30): the gateway's served
   numbers (fetched once for all tenants), and a full reconcile if none ran for 5 minutes.
 
@@ -20,12 +21,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import kopf
 
 from fairpool_operator import contract
-from fairpool_operator.api import ApiError
+from fairpool_operator.api import LEADERWORKERSET, Api, ApiError
 from fairpool_operator.config import OperatorConfig, _seconds
 from fairpool_operator.kube import KubernetesApi
 from fairpool_operator.reconcile import Reconciler, Write
@@ -62,12 +64,31 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
     config = memo.get("config") or OperatorConfig.from_environment()
-    memo.operator = Operator.for_config(Reconciler(KubernetesApi(config.namespace), config))
-    log.info("fairpool operator for namespace %s", config.namespace)
+    api = KubernetesApi(config.namespace)
+    config = with_leader_worker_set(config, api)
+    memo.operator = Operator.for_config(Reconciler(api, config))
+    log.info(
+        "fairpool operator for namespace %s (chains as %s)",
+        config.namespace,
+        "LeaderWorkerSets" if config.leader_worker_set else "StatefulSets",
+    )
     try:  # the gateway's Secret, even before any pool or tenant exists
         _log(memo.operator.reconcile())
     except ApiError as error:
         log.warning("first reconcile failed, the handlers will retry: %s", error)
+
+
+def with_leader_worker_set(config: OperatorConfig, api: Api) -> OperatorConfig:
+    """The configuration with `leader_worker_set` settled: as set, or whether the API
+    server serves LeaderWorkerSets now (the CRD installed later needs a restart)."""
+    if config.leader_worker_set is not None:
+        return config
+    try:
+        served = api.serves(LEADERWORKERSET)
+    except ApiError as error:
+        log.warning("cannot tell whether LeaderWorkerSets are served (%s): not using them", error)
+        served = False
+    return replace(config, leader_worker_set=served)
 
 
 @kopf.on.resume(*POOLS)
@@ -104,6 +125,7 @@ def key_secret_changed(type: str, memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWN)
+@kopf.on.event("apps", "v1", "statefulsets", labels=OWN)
 @kopf.on.event("", "v1", "services", labels=OWN)
 @kopf.on.event("", "v1", "configmaps", labels=OWN)
 def child_changed(
@@ -114,7 +136,16 @@ def child_changed(
         return
     if type == "DELETED":
         _reconcile(memo)
-    elif type is not None and body.get("kind") == "Deployment":
+    elif type is not None and body.get("kind") in ("Deployment", "StatefulSet"):
+        _log(memo.operator.refresh_pool_status(pool))
+
+
+@kopf.on.event("", "v1", "pods", labels={**OWN, contract.CHAIN_LABEL: kopf.PRESENT})
+def stage_pod_changed(type: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    """A chain's stage pod came, went or changed readiness: its pool's status (whatever
+    runs the chain, LeaderWorkerSets included, whose events the operator does not watch)."""
+    pool = labels.get(contract.POOL_LABEL)
+    if pool is not None and type is not None and "operator" in memo:
         _log(memo.operator.refresh_pool_status(pool))
 
 

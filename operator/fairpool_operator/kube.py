@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from fairpool_operator.api import ApiError, Kind, kind_of, matches
+from fairpool_operator.api import ApiError, Kind, Objects, kind_of, matches
 from fairpool_operator.contract import FIELD_MANAGER
 
 
@@ -68,6 +68,33 @@ class KubernetesApi:
         path = kind.path(self.namespace, name, "status")
         body = {"status": dict(status)}
         return self._request("PATCH", path, body, None, "application/merge-patch+json")
+
+    def delete(self, kind: Kind, name: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            self._request("DELETE", kind.path(self.namespace, name), body)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+    def nodes(self) -> Objects:
+        items = self._request("GET", "/api/v1/nodes").get("items") or []
+        for item in items:
+            item.setdefault("apiVersion", "v1")
+            item.setdefault("kind", "Node")
+        return list(items)
+
+    def serves(self, kind: Kind) -> bool:
+        """From the API group's discovery document, which every authenticated client may
+        read (no RBAC needed): a CRD that is installed and established is listed there."""
+        root = "/api" if kind.api_version == "v1" else "/apis"
+        try:
+            found = self._request("GET", f"{root}/{kind.api_version}")
+        except ApiError as error:
+            if error.status in (404, 503):  # no such group, or its server is down
+                return False
+            raise
+        return any(item.get("name") == kind.plural for item in found.get("resources") or [])
 
     def _request(
         self,

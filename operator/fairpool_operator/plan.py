@@ -10,17 +10,23 @@ the plan; `fairpool render` prints it.
 An invalid pool loses nothing it had: its objects are not rendered (so the ones running stay
 as they are) and its entry in the gateway's configuration, if it had one, is kept. A pool
 or tenant being deleted (deletionTimestamp set) is planned as gone.
+
+A pool with `spec.placement` is planned into chains (`fairpool.api.pool_plan`, from the
+cluster's Nodes when it discovers them) and rendered chain by chain (`render_chains`); its
+gateway entry lists the chains. A placement that cannot be planned (the nodes cannot hold
+the model, say) is a problem like an invalid spec: what runs stays.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fairpool.api.common import API_VERSION
 from fairpool.api.gateway_config import (
+    ChainWorker,
     GatewayConfig,
     GatewayPool,
     KubernetesWorkers,
@@ -31,12 +37,16 @@ from fairpool.api.gateway_config import (
 )
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.manifests import Manifests, Secret
+from fairpool.api.placement import NodeGroupSpec
+from fairpool.api.pool_plan import node_groups, pool_plan, spec_field
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.api.validation import validate
+from fairpool.placement.planner import PoolPlan as ChainPlan
 from fairpool.sched.errors import ConfigError
 from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
-from fairpool_operator.render import Manifest, gateway_secret, pool_objects
+from fairpool_operator.render import Manifest, gateway_secret, pool_objects, scheduler_configmap
+from fairpool_operator.render_chains import chain_objects, chain_url
 
 #: Service names are DNS-1035 labels: a letter first, at most 63 characters with "-engine".
 POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,54}[a-z0-9])?$")
@@ -57,6 +67,7 @@ class PoolPlan:
     pool: InferencePool | None  # None: invalid, nothing rendered
     objects: list[Manifest] = field(default_factory=list)
     problem: Problem | None = None
+    chains: ChainPlan | None = None  # a placement pool's plan, as rendered
 
 
 @dataclass
@@ -89,19 +100,25 @@ def plan_namespace(
     secrets: Mapping[str, Mapping[str, Any]],
     config: OperatorConfig,
     previous_gateway: GatewayConfig | None = None,
+    nodes: Sequence[Mapping[str, Any]] | None = None,
 ) -> NamespacePlan:
     """The plan for a namespace. `secrets` holds (at least) the Secrets the tenants name;
     `previous_gateway` is the configuration last written, whose entries of pools that are
-    invalid now are kept."""
+    invalid now are kept; `nodes` are the cluster's Nodes, for placement pools that
+    discover theirs (None: not read)."""
     pools_planned = pool_plans(body for body in pools if not _deleting(body))
     tenant_plans = _tenant_plans(body for body in quotas if not _deleting(body))
     accepted = [plan.quota for plan in tenant_plans if plan.quota is not None and not plan.problem]
     for plan in pools_planned:
-        if plan.pool is not None:
+        if plan.pool is None:
+            continue
+        if plan.pool.spec.placement is None:
             plan.objects = pool_objects(plan.pool, accepted, config)
+        else:
+            _plan_chains(plan, accepted, config, nodes)
 
-    valid = [plan.pool for plan in pools_planned if plan.pool is not None]
-    entries = [gateway_pool(pool, _workers(pool, config)) for pool in valid]
+    valid = [plan for plan in pools_planned if plan.pool is not None]
+    entries = [_gateway_entry(plan, config) for plan in valid]
     entries += _kept_entries(pools_planned, entries, previous_gateway)
     entries.sort(key=lambda entry: entry.name)
     known = {entry.name for entry in entries}
@@ -136,6 +153,14 @@ def plan_namespace(
     )
     secret = gateway_secret(gateway, config.namespace, config.gateway_secret)
     return NamespacePlan(pools_planned, tenant_plans, gateway, secret)
+
+
+def needs_nodes(pools: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a pool discovers its nodes (so the Nodes are worth listing)."""
+    return any(
+        ((body.get("spec") or {}).get("placement") or {}).get("discovery") is not None
+        for body in pools
+    )
 
 
 def secret_names(quotas: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -240,6 +265,46 @@ def _kept_entries(
         for entry in previous.pools
         if entry.name in invalid and entry.name not in names and entry.model not in models
     ]
+
+
+def _plan_chains(
+    plan: PoolPlan,
+    quotas: list[TenantQuota],
+    config: OperatorConfig,
+    nodes: Sequence[Mapping[str, Any]] | None,
+) -> None:
+    """A placement pool's chains and objects; an infeasible placement is a problem (and,
+    as for an invalid spec, nothing is rendered: what runs stays)."""
+    assert plan.pool is not None
+    pool = plan.pool
+    try:
+        groups: list[NodeGroupSpec] = node_groups(pool, nodes).groups
+        chains = pool_plan(pool, nodes)
+        objects = chain_objects(pool, chains, groups, config)
+    except ConfigError as error:
+        message = f"{spec_field(error.parameter, pool)}: {error.problem}"
+        plan.pool, plan.problem = None, Problem("PlacementInfeasible", message)
+        return
+    plan.chains = chains
+    plan.objects = [scheduler_configmap(pool, quotas, config.namespace), *objects]
+
+
+def _gateway_entry(plan: PoolPlan, config: OperatorConfig) -> GatewayPool:
+    """A pool's workers: its headless Service's endpoints, or its chains' Services."""
+    assert plan.pool is not None
+    if plan.chains is None:
+        return gateway_pool(plan.pool, _workers(plan.pool, config))
+    chains = [
+        ChainWorker(
+            name=chain.name,
+            url=chain_url(plan.pool, chain.name, config.namespace),
+            capacity=chain.capacity,
+            serviceRate=chain.service_rate,
+        )
+        for chain in plan.chains.chains
+        if chain.capacity >= 1
+    ]
+    return gateway_pool(plan.pool, [], chains=chains)
 
 
 def _workers(pool: InferencePool, config: OperatorConfig) -> WorkerSource:

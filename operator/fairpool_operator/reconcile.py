@@ -29,9 +29,12 @@ from fairpool.api.gateway_config import GatewayConfig
 from fairpool_operator import contract
 from fairpool_operator.api import (
     DEPLOYMENT,
+    LEADERWORKERSET,
     POD,
     POOL,
     SECRET,
+    SERVICE,
+    STATEFULSET,
     TENANT,
     Api,
     ApiError,
@@ -40,8 +43,10 @@ from fairpool_operator.api import (
 )
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import (
+    NamespacePlan,
     PoolPlan,
     Problem,
+    needs_nodes,
     plan_namespace,
     pool_plans,
     secret_names,
@@ -54,6 +59,7 @@ from fairpool_operator.status import (
     status_patch,
     tenant_status,
 )
+from fairpool_operator.status_chains import chains_pool_status
 
 log = logging.getLogger("fairpool.operator")
 
@@ -103,11 +109,15 @@ class Reconciler:
             if body is not None:
                 secrets[name] = body
         current_gateway = self.api.get(SECRET, self.config.gateway_secret)
-        plan = plan_namespace(pools, quotas, secrets, self.config, gateway_of(current_gateway))
+        nodes = self._nodes() if needs_nodes(pools) else None
+        plan = plan_namespace(
+            pools, quotas, secrets, self.config, gateway_of(current_gateway), nodes
+        )
 
         writes: list[Write] = []
         for pool in plan.pools:
             self._reconcile_pool(pool, writes)
+        self._prune(plan, writes)
         self._apply_to(plan.gateway_secret, current_gateway, writes, adopt=True)
         for tenant in plan.tenants:
             self._write_status(TENANT, tenant.name, tenant.body, tenant_status(tenant), writes)
@@ -120,11 +130,18 @@ class Reconciler:
             return []
         (plan,) = pool_plans([body])
         problem = plan.problem or carried_problem(body.get("status"))
+        writes: list[Write] = []
+        if _has_placement(body):
+            pods = self.api.list(POD, {contract.POOL_LABEL: name})
+            status = chains_pool_status(
+                replace(plan, problem=problem), self._chain_workloads(name), pods
+            )
+            self._write_status(POOL, name, body, status, writes)
+            return writes
         deployment = self.api.get(DEPLOYMENT, contract.engine_name(name))
         if deployment is not None and not managed(deployment):
             deployment = None
         pods = self.api.list(POD, {contract.POOL_LABEL: name})
-        writes: list[Write] = []
         desired = pool_status(replace(plan, problem=problem), deployment, pods)
         self._write_status(POOL, name, body, desired, writes)
         return writes
@@ -153,6 +170,7 @@ class Reconciler:
 
     def _reconcile_pool(self, plan: PoolPlan, writes: list[Write]) -> None:
         deployment: dict[str, Any] | None = None
+        workloads: list[dict[str, Any]] = []
         problem = plan.problem
         for obj in plan.objects:
             try:
@@ -162,6 +180,15 @@ class Reconciler:
                 continue
             if obj["kind"] == "Deployment":
                 deployment = result
+            if obj["kind"] in WORKLOAD_KINDS:
+                workloads.append(result)
+        if _has_placement(plan.body):
+            if not plan.objects:  # invalid or infeasible: show what runs
+                workloads = self._chain_workloads(plan.name)
+            pods = self.api.list(POD, {contract.POOL_LABEL: plan.name})
+            status = chains_pool_status(replace(plan, problem=problem), workloads, pods)
+            self._write_status(POOL, plan.name, plan.body, status, writes)
+            return
         if not plan.objects or deployment is None:  # invalid, or not ours: show what runs
             deployment = self.api.get(DEPLOYMENT, contract.engine_name(plan.name))
             if deployment is not None and not managed(deployment):
@@ -169,6 +196,51 @@ class Reconciler:
         pods = self.api.list(POD, {contract.POOL_LABEL: plan.name})
         desired = pool_status(replace(plan, problem=problem), deployment, pods)
         self._write_status(POOL, plan.name, plan.body, desired, writes)
+
+    def _nodes(self) -> list[dict[str, Any]] | None:
+        """The cluster's Nodes; None when the operator may not list them (no ClusterRole),
+        which the pools that discover their nodes report."""
+        try:
+            return self.api.nodes()
+        except ApiError as error:
+            if error.status not in (401, 403, 404):
+                raise
+            log.warning("cannot list the cluster's Nodes: %s", error)
+            return None
+
+    def _workload_kinds(self) -> list[Kind]:
+        kinds = [DEPLOYMENT, STATEFULSET]
+        if self.config.leader_worker_set:
+            kinds.append(LEADERWORKERSET)
+        return kinds
+
+    def _chain_workloads(self, pool: str) -> list[dict[str, Any]]:
+        """The workloads of a placement pool's chains, as the API holds them."""
+        found = []
+        for kind in self._workload_kinds():
+            for obj in self.api.list(kind, {contract.POOL_LABEL: pool}):
+                labels = obj.get("metadata", {}).get("labels") or {}
+                if managed(obj) and contract.CHAIN_LABEL in labels:
+                    found.append(obj)
+        return found
+
+    def _prune(self, plan: NamespacePlan, writes: list[Write]) -> None:
+        """Deletes the operator's workloads and Services of valid pools that the plan no
+        longer has: chains a replan dropped, StatefulSets replaced by a LeaderWorkerSet, a
+        pool's Deployment once it has placement, its chains once it has none."""
+        valid = {pool.name for pool in plan.pools if pool.pool is not None}
+        if not valid:
+            return
+        planned = {(obj["kind"], obj["metadata"]["name"]) for obj in plan.objects}
+        for kind in [*self._workload_kinds(), SERVICE]:
+            for obj in self.api.list(kind, {contract.MANAGED_BY_LABEL: contract.MANAGED_BY}):
+                metadata = obj.get("metadata", {})
+                pool = (metadata.get("labels") or {}).get(contract.POOL_LABEL)
+                name = str(metadata.get("name"))
+                if pool in valid and (kind.kind, name) not in planned:
+                    self.api.delete(kind, name)
+                    writes.append(Write("delete", kind.kind, name))
+                    log.info("deleted %s %s (no longer planned)", kind.kind, name)
 
     def _apply(self, desired: Manifest, writes: list[Write]) -> dict[str, Any]:
         current = self.api.get(kind_of(desired), desired["metadata"]["name"])
@@ -232,6 +304,14 @@ class Reconciler:
                 return
             raise
         writes.append(Write("status", kind.kind, name))
+
+
+#: The kinds that run a pool's engines.
+WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
+
+
+def _has_placement(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("spec") or {}).get("placement"))
 
 
 def managed(obj: Mapping[str, Any]) -> bool:

@@ -100,7 +100,6 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
     `fairpool engine-sim`, non-root on a read-only root filesystem, ready when /health
     answers, the scheduler configuration mounted as a directory that follows the ConfigMap."""
     spec = pool.spec
-    volumes, mounts = _volumes(pool)
     arguments = engine_arguments(
         pool,
         host="0.0.0.0",
@@ -108,55 +107,8 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
         scheduler_config=contract.SCHEDULER_PATH,
         model=model_argument(spec.model.source),
     )
-    container: dict[str, Any] = {
-        "name": "engine",
-        "image": spec.engine.image or config.image(spec.engine.kind),
-        "command": ["fairpool"],
-        "args": arguments,
-        "env": [
-            {"name": "FAIRPOOL_SCHEDULER_CONFIG", "value": contract.SCHEDULER_PATH},
-            # Caches (Hugging Face, vLLM, Triton) go to the writable /tmp.
-            {"name": "HOME", "value": "/tmp"},
-            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
-            {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
-        ],
-        "ports": [
-            {"name": contract.PORT_NAME, "containerPort": contract.ENGINE_PORT, "protocol": "TCP"}
-        ],
-        "readinessProbe": {
-            "httpGet": {"path": contract.HEALTH_PATH, "port": contract.PORT_NAME},
-            "periodSeconds": 5,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": mounts,
-    }
-    resources = _resources(pool)
-    if resources:
-        container["resources"] = resources
-    pod_spec: dict[str, Any] = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": contract.RUN_AS,
-            "runAsGroup": contract.RUN_AS,
-            "fsGroup": contract.RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "enableServiceLinks": False,
-        "automountServiceAccountToken": False,  # engines never talk to the API server
-        "containers": [container],
-        "volumes": volumes,
-    }
-    if spec.engine.node_selector:
-        pod_spec["nodeSelector"] = dict(sorted(spec.engine.node_selector.items()))
-    if spec.engine.tolerations:
-        pod_spec["tolerations"] = [dict(toleration) for toleration in spec.engine.tolerations]
+    container = engine_container(pool, config, arguments, _resources(pool))
+    pod_spec = engine_pod_spec(pool, container, spec.engine.node_selector)
     return finish(
         {
             "apiVersion": "apps/v1",
@@ -173,6 +125,86 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
             },
         }
     )
+
+
+def engine_container(
+    pool: InferencePool,
+    config: OperatorConfig,
+    arguments: list[str],
+    resources: dict[str, dict[str, Any]],
+    env: list[dict[str, Any]] | None = None,
+    serves_http: bool = True,
+) -> dict[str, Any]:
+    """The engine container: `fairpool` with `arguments`, the caches under /tmp, `env`
+    after the common variables; with `serves_http` (not a headless pipeline stage) the
+    OpenAI port and the readiness probe on /health."""
+    spec = pool.spec
+    _, mounts = _volumes(pool)
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.engine.image or config.image(spec.engine.kind),
+        "command": ["fairpool"],
+        "args": arguments,
+        "env": [
+            {"name": "FAIRPOOL_SCHEDULER_CONFIG", "value": contract.SCHEDULER_PATH},
+            # Caches (Hugging Face, vLLM, Triton) go to the writable /tmp.
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+            {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
+            *(env or []),
+        ],
+    }
+    if serves_http:
+        container["ports"] = [
+            {"name": contract.PORT_NAME, "containerPort": contract.ENGINE_PORT, "protocol": "TCP"}
+        ]
+        container["readinessProbe"] = {
+            "httpGet": {"path": contract.HEALTH_PATH, "port": contract.PORT_NAME},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        }
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    container["volumeMounts"] = mounts
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def engine_pod_spec(
+    pool: InferencePool,
+    container: dict[str, Any],
+    node_selector: Mapping[str, str],
+    affinity: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An engine pod: non-root, no service-account token, the pool's volumes and
+    tolerations, `node_selector` and `affinity`."""
+    volumes, _ = _volumes(pool)
+    pod_spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": contract.RUN_AS,
+            "runAsGroup": contract.RUN_AS,
+            "fsGroup": contract.RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # engines never talk to the API server
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(node_selector.items()))
+    if pool.spec.engine.tolerations:
+        pod_spec["tolerations"] = [dict(toleration) for toleration in pool.spec.engine.tolerations]
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return pod_spec
 
 
 def _strategy(pool: InferencePool) -> dict[str, Any]:
@@ -223,11 +255,13 @@ def rendered_hash(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _metadata(pool: InferencePool, name: str, namespace: str) -> dict[str, Any]:
+def _metadata(
+    pool: InferencePool, name: str, namespace: str, labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": namespace,
-        "labels": contract.engine_labels(pool.name),
+        "labels": {**contract.engine_labels(pool.name), **(labels or {})},
         "ownerReferences": [owner_reference(pool)],
     }
 
@@ -261,13 +295,15 @@ def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, 
     return volumes, mounts
 
 
-def _resources(pool: InferencePool) -> dict[str, dict[str, Any]]:
-    """Requests equal limits (cpu, memory); GPUs as nvidia.com/gpu limits."""
+def _resources(pool: InferencePool, gpus: int | None = None) -> dict[str, dict[str, Any]]:
+    """Requests equal limits (cpu, memory); GPUs (the pool's, or `gpus`) as nvidia.com/gpu
+    limits."""
     spec = pool.spec.engine.resources
+    gpus = spec.gpus if gpus is None else gpus
     fixed = {name: value for name, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
     limits: dict[str, Any] = dict(fixed)
-    if spec.gpus:
-        limits["nvidia.com/gpu"] = str(spec.gpus)  # the API returns quantities as strings
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)  # the API returns quantities as strings
     resources: dict[str, dict[str, Any]] = {}
     if fixed:
         resources["requests"] = dict(fixed)

@@ -19,7 +19,7 @@ from fairpool_operator.plan import PoolPlan, Problem, TenantPlan
 
 #: Degraded reasons that only a full reconcile can establish (they need every pool); a
 #: status refresh of one pool keeps them as they are.
-PLAN_REASONS = frozenset({"DuplicateModel", "Conflict"})
+PLAN_REASONS = frozenset({"DuplicateModel", "Conflict", "PlacementInfeasible"})
 #: Container states that mean a replica will not come up by itself.
 FAILING_WAITS = frozenset(
     {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"}

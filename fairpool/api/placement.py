@@ -224,6 +224,14 @@ class PlacementPolicy(Spec):
     max_stages_per_chain: int = Field(
         default=8, ge=1, le=64, alias="maxStagesPerChain", description="Longest pipeline."
     )
+    score_tolerance: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        alias="scoreTolerance",
+        description="Plans scoring within this fraction of the best count as equal; the "
+        "one with the fewest nodes wins.",
+    )
 
 
 class PlacementSpec(Spec):

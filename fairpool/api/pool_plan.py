@@ -82,6 +82,7 @@ def pool_plan(pool: InferencePool, nodes: Sequence[Mapping[str, Any]] | None = N
         tuning=placement.policy.tuning,
         rebalance=placement.policy.rebalance_within_chain,
         max_stages=placement.policy.max_stages_per_chain,
+        score_tolerance=placement.policy.score_tolerance,
     )
     plan = plan_chains(model, [planner_group(group) for group in groups], workload, policy)
     if notes:

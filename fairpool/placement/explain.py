@@ -28,7 +28,7 @@ SCORE_NAMES = {
 }
 
 
-def explain_choice(tuned: Tuned, tuning: str, fixed: bool) -> str:
+def explain_choice(tuned: Tuned, tuning: str, fixed: bool, tolerance: float = 0.0) -> str:
     """The chosen c and its score against the nearest stable c on either side."""
     best = tuned.best
     if fixed:
@@ -40,7 +40,13 @@ def explain_choice(tuned: Tuned, tuning: str, fixed: bool) -> str:
     return (
         f"c = {best.capacity_param}: chosen by {SCORE_NAMES[tuning]}, {best.score:.4f}{unit}"
         + (f" ({'; '.join(neighbours)})" if neighbours else " (the only stable c)")
-        + f"; {len(tuned.scores)} values of c gave a stable pool, ties go to the smaller c"
+        + f"; {len(tuned.scores)} values of c gave a stable pool, "
+        + (
+            f"scores within {tolerance:.0%} of the best count as ties and go to the plan with "
+            "the fewest nodes, then the lower score"
+            if tolerance
+            else "ties go to the smaller c"
+        )
     )
 
 

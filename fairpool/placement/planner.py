@@ -150,7 +150,12 @@ def plan_chains(
         check_partition(chain.partition_string, len(chain.nodes), model.layers)
     used = {node for chain in chains for node in chain.nodes}
     explanation = [
-        explain_choice(tuned, policy.tuning, fixed=policy.capacity_param is not None),
+        explain_choice(
+            tuned,
+            policy.tuning,
+            fixed=policy.capacity_param is not None,
+            tolerance=policy.score_tolerance,
+        ),
         explain_bounds(best.bounds, workload.arrival_rate, best.chains),
         *explain_fewer_chains(workload.arrival_rate, best.chains),
         explain_speeds(problem),

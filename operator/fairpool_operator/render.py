@@ -65,7 +65,7 @@ def scheduler_configmap(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _metadata(pool, contract.scheduler_name(pool.name), namespace),
+            "metadata": object_metadata(pool, contract.scheduler_name(pool.name), namespace),
             "data": {contract.SCHEDULER_KEY: yaml.safe_dump(document, sort_keys=True)},
         }
     )
@@ -78,7 +78,7 @@ def engine_service(pool: InferencePool, namespace: str) -> Manifest:
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": _metadata(pool, contract.engine_name(pool.name), namespace),
+            "metadata": object_metadata(pool, contract.engine_name(pool.name), namespace),
             "spec": {
                 "clusterIP": "None",
                 "selector": contract.selector_labels(pool.name),
@@ -107,13 +107,13 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
         scheduler_config=contract.SCHEDULER_PATH,
         model=model_argument(spec.model.source),
     )
-    container = engine_container(pool, config, arguments, _resources(pool))
+    container = engine_container(pool, config, arguments, pod_resources(pool))
     pod_spec = engine_pod_spec(pool, container, spec.engine.node_selector)
     return finish(
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": _metadata(pool, contract.engine_name(pool.name), config.namespace),
+            "metadata": object_metadata(pool, contract.engine_name(pool.name), config.namespace),
             "spec": {
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": contract.selector_labels(pool.name)},
@@ -255,7 +255,7 @@ def rendered_hash(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _metadata(
+def object_metadata(
     pool: InferencePool, name: str, namespace: str, labels: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     return {
@@ -295,7 +295,7 @@ def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, 
     return volumes, mounts
 
 
-def _resources(pool: InferencePool, gpus: int | None = None) -> dict[str, dict[str, Any]]:
+def pod_resources(pool: InferencePool, gpus: int | None = None) -> dict[str, dict[str, Any]]:
     """Requests equal limits (cpu, memory); GPUs (the pool's, or `gpus`) as nvidia.com/gpu
     limits."""
     spec = pool.spec.engine.resources

@@ -39,12 +39,12 @@ from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.render import (
     Manifest,
-    _metadata,
-    _resources,
     engine_container,
     engine_pod_spec,
     finish,
     model_argument,
+    object_metadata,
+    pod_resources,
 )
 
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
@@ -155,7 +155,7 @@ def single_engine(
     extra = [] if simulated else _single_node_flags(pool, chain, group)
     arguments = _arguments(pool, extra)
     gpus = 0 if simulated else group.gpus_per_node
-    container = engine_container(pool, config, arguments, _resources(pool, gpus))
+    container = engine_container(pool, config, arguments, pod_resources(pool, gpus))
     labels = _stage_labels(pool, chain.name, "0")
     selector = pool.spec.engine.node_selector if simulated else _node_selector(pool, group)
     affinity = None if simulated else _anti_affinity(pool)
@@ -268,7 +268,7 @@ def _stage_pod(
         pool,
         config,
         _arguments(pool, flags),
-        _resources(pool, group.gpus_per_node),
+        pod_resources(pool, group.gpus_per_node),
         env=env,
         serves_http=head,
     )
@@ -374,7 +374,7 @@ def _stage_labels(
 
 
 def _chain_metadata(pool: InferencePool, name: str, namespace: str, chain: str) -> dict[str, Any]:
-    return _metadata(pool, name, namespace, {contract.CHAIN_LABEL: chain})
+    return object_metadata(pool, name, namespace, {contract.CHAIN_LABEL: chain})
 
 
 def _group(groups: Mapping[str, NodeGroupSpec], name: str, chain: PlannedChain) -> NodeGroupSpec:

@@ -33,6 +33,7 @@ from typing import Any
 
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.policies.dlpm import DEFAULT_QUANTUM as DLPM_DEFAULT_QUANTUM
+from fairpool.sim import reproduce_chains
 from fairpool.sim.fleet import Fleet, FleetConfig
 from fairpool.sim.metrics import Recorder, fairness_bound, jain_index, percentile
 from fairpool.sim.plots import pyplot, save
@@ -1316,6 +1317,7 @@ def write_markdown(results: Mapping[str, Any], path: Path, wall_s: float, runs: 
         ("multi_worker", _section_multi_worker),
         ("memory_safe", section_memory_safe),
         ("slai", section_slai),
+        ("chains", reproduce_chains.section_chains),
     ]
     for key, section in sections:
         if key in results:
@@ -1339,8 +1341,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1.0,
         help="multiply every experiment's duration (1 = the documented set-up)",
     )
+    parser.add_argument("--only", choices=("chains",), help="regenerate one section in place")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if args.only == "chains":
+        bench = Path("bench/results") if args.out == "docs" else None
+        reproduce_chains.regenerate(out, args.scale, bench)
+        return 0
     images = out / "img"
     images.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -1360,6 +1367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["memory_safe"] = memory_safe_vs_alpha(scale)
     _log("7/7 SLAI vs Sarathi-Serve")
     results["slai"] = slai_vs_sarathi(scale)
+    results["chains"] = reproduce_chains.chains_experiments(scale)
+    reproduce_chains.plot_chains(results["chains"], images / "results-chains.png")
     _log(f"wrote {plot_memory_safe(results['memory_safe'], images / 'results-memory-safe.png')}")
     _log(f"wrote {plot_slai(results['slai'], images / 'results-slai.png')}")
     plot_vtc_overload(results["vtc_overload"], images / "results-vtc-overload.png")

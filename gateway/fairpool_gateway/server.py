@@ -55,8 +55,9 @@ def configure_logging(level: str = "info") -> None:
 class GatewayASGI:
     """Both APIs behind one ASGI callable: the admin API answers on the admin socket only."""
 
-    def __init__(self, gateway: Gateway, admin_port: int) -> None:
+    def __init__(self, gateway: Gateway, admin_port: int, freeze: bool = False) -> None:
         self.gateway = gateway
+        self.freeze = freeze  # the process's own server: freeze_startup_objects once up
         self.admin_port = admin_port
         self.tenant = tenant_app(gateway)
         self.admin = admin_app(gateway)
@@ -74,6 +75,8 @@ class GatewayASGI:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 await self.gateway.start()
+                if self.freeze:
+                    freeze_startup_objects()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.gateway.stop()
@@ -93,9 +96,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(
-    gateway: Gateway, tenant_socket: socket.socket, admin_socket: socket.socket
+    gateway: Gateway,
+    tenant_socket: socket.socket,
+    admin_socket: socket.socket,
+    freeze: bool = False,
 ) -> uvicorn.Server:
-    app = GatewayASGI(gateway, admin_socket.getsockname()[1])
+    app = GatewayASGI(gateway, admin_socket.getsockname()[1], freeze)
     config = uvicorn.Config(
         app,
         lifespan="on",
@@ -115,7 +121,7 @@ def serve(
     gateway = Gateway(config, config_path)
     tenant_socket = bind(host or config.listen.host, config.listen.port if port is None else port)
     admin_socket = bind(config.admin.host, config.admin.port if admin_port is None else admin_port)
-    server = make_server(gateway, tenant_socket, admin_socket)
+    server = make_server(gateway, tenant_socket, admin_socket, freeze=True)
     tenant_host, tenant_port = tenant_socket.getsockname()[:2]
     admin_host, admin_port_bound = admin_socket.getsockname()[:2]
     print(f"fairpool gateway: tenant API on http://{tenant_host}:{tenant_port}/v1", flush=True)
@@ -123,15 +129,15 @@ def serve(
         f"fairpool gateway: admin API and /metrics on http://{admin_host}:{admin_port_bound}",
         flush=True,
     )
-    freeze_startup_objects()
     server.run(sockets=[tenant_socket, admin_socket])
 
 
 def freeze_startup_objects() -> None:
-    """Exempt what exists at start (modules, classes, the configuration: most of the
-    process's objects) from the cyclic garbage collector's full collections, which
-    otherwise pause every request for tens of milliseconds several times a minute at a
-    few hundred requests per second. Objects made later are collected as usual."""
+    """Exempt what exists once the gateway has started (modules, classes, clients, the
+    configuration: most of the process's objects) from the cyclic garbage collector's full
+    collections, which otherwise pause every request for tens of milliseconds several
+    times a minute at a few hundred requests per second. Later objects are collected as
+    usual."""
     gc.collect()
     gc.freeze()
 

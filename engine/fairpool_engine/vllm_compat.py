@@ -71,34 +71,10 @@ def prefix_hit(kv_cache_manager: Any, request: Request, block_size: int) -> int:
         return int(kv_cache_manager.get_computed_blocks(request)[1])
     hits = 0
     for block_hash in request.block_hashes[:whole_blocks]:
-        if not _is_cached(cached, block_hash):
+        if cached.get_one_block(make_block_hash_with_group_id(block_hash, 0)) is None:
             break
         hits += 1
     return hits * block_size
-
-
-def recheck_hit(kv_cache_manager: Any, request: Request, block_size: int, previous: int) -> int:
-    """`prefix_hit` of a request whose hit was `previous` a while ago, in two lookups when
-    it has not changed: its last hit block is still cached and its first missing block
-    still is not. (A block evicted from the middle of a cached prefix goes unnoticed until
-    the whole hit is looked up again; only ordering uses this, never charging.)"""
-    cached = _plain_block_map(kv_cache_manager, block_size)
-    if cached is None or request.num_computed_tokens:
-        return prefix_hit(kv_cache_manager, request, block_size)
-    blocks = previous // block_size
-    hashes = request.block_hashes
-    whole_blocks = (request.num_tokens - 1) // block_size
-    last_kept = blocks == 0 or _is_cached(cached, hashes[blocks - 1])
-    next_missing = blocks >= min(whole_blocks, len(hashes)) or not _is_cached(
-        cached, hashes[blocks]
-    )
-    if last_kept and next_missing:
-        return previous
-    return prefix_hit(kv_cache_manager, request, block_size)
-
-
-def _is_cached(cached: Any, block_hash: Any) -> bool:
-    return cached.get_one_block(make_block_hash_with_group_id(block_hash, 0)) is not None
 
 
 @functools.lru_cache(maxsize=8)

@@ -42,7 +42,6 @@ from fairpool_engine.vllm_compat import (
     extra_args,
     kv_capacity_tokens,
     prefix_hit,
-    recheck_hit,
 )
 from fairpool_engine.vllm_queue import PolicyRequestQueue, policy_request
 
@@ -51,9 +50,8 @@ log = init_logger("vllm.fairpool")
 #: Optional JSON-lines file of scheduling events (add, admit, output, finish), for tests
 #: and for debugging an engine's decisions.
 TRACE_ENV = "FAIRPOOL_SCHEDULER_TRACE"
-#: Steps a waiting request's prefix hit is reused for ordering before it is checked again.
-#: A new hit epoch begins only when a check finds a hit changed, so policies can keep
-#: what they derived from the hits (each tenant's best request) across quiet stretches.
+#: Steps a waiting request's prefix hit is reused for ordering before it is looked up again
+#: (one hit epoch).
 HIT_REFRESH_STEPS = 32
 
 
@@ -71,8 +69,9 @@ class VllmEngineView:
     def new_step(self, batch_time: float | None) -> None:
         self._step += 1
         self._running = None
-        if self._step % HIT_REFRESH_STEPS == 0 and self._recheck_hits():
+        if self._step % HIT_REFRESH_STEPS == 0:
             self.hit_epoch += 1
+            self._hits.clear()
         if batch_time is not None:  # exponential mean over recent steps
             self.mean_batch_time += 0.1 * (batch_time - self.mean_batch_time)
 
@@ -117,21 +116,6 @@ class VllmEngineView:
                 self._scheduler.requests[request.request_id]
             )
         return hit
-
-    def _recheck_hits(self) -> bool:
-        """Bring the remembered hits up to date; whether any changed."""
-        scheduler = self._scheduler
-        changed = False
-        for request_id, hit in list(self._hits.items()):
-            request = scheduler.requests.get(request_id)
-            if request is None:
-                del self._hits[request_id]
-                continue
-            now = recheck_hit(scheduler.kv_cache_manager, request, scheduler.block_size, hit)
-            if now != hit:
-                self._hits[request_id] = now
-                changed = True
-        return changed
 
     def fresh_hit(self, request: Request) -> int:
         scheduler = self._scheduler

@@ -51,12 +51,6 @@ def quantity_bytes(text: str) -> int:
     return int(float(number) * _MULTIPLIERS[suffix])
 
 
-def _speed_given(spec: NodeGroupSpec | GpuClass) -> NodeGroupSpec | GpuClass:
-    if spec.layer_seconds is None and (spec.tflops is None or spec.memory_bandwidth_gbps is None):
-        raise ValueError("give layerSeconds, or both tflops and memoryBandwidthGBps")
-    return spec
-
-
 class ModelProfileSpec(Spec):
     """The model's shape as the planner needs it (from the model's config.json)."""
 
@@ -87,24 +81,10 @@ class ModelProfileSpec(Spec):
     )
 
 
-class NodeGroupSpec(Spec):
-    """Identical GPU nodes: how many, how much memory, how fast."""
+class GpuProfile(Spec):
+    """How much of a node's GPU memory vLLM may use and how fast the node is: shared by
+    node groups and by the GPU classes of discovered nodes."""
 
-    name: str = Field(min_length=1, max_length=40, pattern=DNS_LABEL, description="Group name.")
-    count: int = Field(ge=1, le=1024, description="Nodes in the group.")
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, alias="nodeSelector", description="Labels of the group's nodes."
-    )
-    gpu_memory: str = Field(
-        alias="gpuMemory", description="GPU memory per node (all its GPUs), e.g. 80Gi."
-    )
-    gpus_per_node: int = Field(
-        default=1,
-        ge=1,
-        le=16,
-        alias="gpusPerNode",
-        description="GPUs per node, used as tensor parallelism inside the stage.",
-    )
     memory_utilization: float = Field(
         default=0.9,
         gt=0,
@@ -129,20 +109,44 @@ class NodeGroupSpec(Spec):
         default=0.05,
         ge=0,
         alias="commSeconds",
-        description="Network time per request through one node of this group.",
+        description="Network time per request through one node.",
     )
 
-    _memory = field_validator("gpu_memory", "reserve")(
-        lambda cls, text: (quantity_bytes(text), text)[1]
-    )
+    _reserve = field_validator("reserve")(lambda cls, text: (quantity_bytes(text), text)[1])
 
     @model_validator(mode="after")
-    def _speed_given(self) -> NodeGroupSpec:
+    def _speed_given(self) -> GpuProfile:
         if self.layer_seconds is None and (
             self.tflops is None or self.memory_bandwidth_gbps is None
         ):
             raise ValueError("give layerSeconds, or both tflops and memoryBandwidthGBps")
         return self
+
+    def profile(self) -> dict[str, object]:
+        """These fields, by alias: to build another profile (a discovered group) from it."""
+        return self.model_dump(by_alias=True, include=set(GpuProfile.model_fields))
+
+
+class NodeGroupSpec(GpuProfile):
+    """Identical GPU nodes: how many, how much memory, how fast."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=DNS_LABEL, description="Group name.")
+    count: int = Field(ge=1, le=1024, description="Nodes in the group.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, alias="nodeSelector", description="Labels of the group's nodes."
+    )
+    gpu_memory: str = Field(
+        alias="gpuMemory", description="GPU memory per node (all its GPUs), e.g. 80Gi."
+    )
+    gpus_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        alias="gpusPerNode",
+        description="GPUs per node, used as tensor parallelism inside the stage.",
+    )
+
+    _memory = field_validator("gpu_memory")(lambda cls, text: (quantity_bytes(text), text)[1])
 
     @property
     def usable_bytes(self) -> int:
@@ -151,29 +155,12 @@ class NodeGroupSpec(Spec):
         return max(total - quantity_bytes(self.reserve), 0)
 
 
-class GpuClass(Spec):
+class GpuClass(GpuProfile):
     """Speed and memory settings for discovered nodes whose GPU product label matches."""
 
     product: str = Field(
         min_length=1, description="Value of the nvidia.com/gpu.product node label."
     )
-    memory_utilization: float = Field(
-        default=0.9, gt=0, le=1, alias="memoryUtilization", description="As in nodeGroups."
-    )
-    reserve: str = Field(default="0", description="As in nodeGroups.")
-    layer_seconds: float | None = Field(
-        default=None, gt=0, alias="layerSeconds", description="As in nodeGroups."
-    )
-    tflops: float | None = Field(default=None, gt=0, description="As in nodeGroups.")
-    memory_bandwidth_gbps: float | None = Field(
-        default=None, gt=0, alias="memoryBandwidthGBps", description="As in nodeGroups."
-    )
-    comm_seconds: float = Field(
-        default=0.05, ge=0, alias="commSeconds", description="As in nodeGroups."
-    )
-
-    _memory = field_validator("reserve")(lambda cls, text: (quantity_bytes(text), text)[1])
-    _speed = model_validator(mode="after")(lambda self: _speed_given(self))
 
 
 class NodeDiscovery(Spec):

@@ -248,18 +248,15 @@ def _group_of_class(
     gpus: int,
     selector: dict[str, str],
 ) -> NodeGroupSpec:
-    return NodeGroupSpec(
-        name=name,
-        count=count,
-        nodeSelector=selector,
-        gpuMemory=f"{memory_mib}Mi",
-        gpusPerNode=gpus,
-        memoryUtilization=gpu_class.memory_utilization,
-        reserve=gpu_class.reserve,
-        layerSeconds=gpu_class.layer_seconds,
-        tflops=gpu_class.tflops,
-        memoryBandwidthGBps=gpu_class.memory_bandwidth_gbps,
-        commSeconds=gpu_class.comm_seconds,
+    return NodeGroupSpec.model_validate(
+        {
+            "name": name,
+            "count": count,
+            "nodeSelector": selector,
+            "gpuMemory": f"{memory_mib}Mi",
+            "gpusPerNode": gpus,
+            **gpu_class.profile(),
+        }
     )
 
 

@@ -46,12 +46,11 @@ Every choice of ours is marked **choice** below.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
+from fairpool.placement.gca import Link, feasible_links, shortest_path
 from fairpool.placement.model import Chain, ChainProblem, Placement
 from fairpool.sched.errors import ConfigError, require_count, require_non_negative
 from fairpool.sim.chains import Job, Route, SlotLedger, make_route
@@ -63,8 +62,6 @@ PETALS_ALLOC_DELAY_SECONDS = 10.0
 #: PETALS reserves 2 GiB for autograd on a BLOOM-176B server (hidden size 14336), scaled by
 #: the model's hidden size (`server.py` `_choose_num_blocks`).
 PETALS_AUTOGRAD_GIB_AT_14336 = 2
-
-START = -1
 
 
 # --------------------------------------------------------------------------- placements
@@ -254,67 +251,34 @@ def whole_model_chains(problem: ChainProblem) -> tuple[Placement, list[Chain]]:
 # --------------------------------------------------------------------------- routing
 
 
-@dataclass(frozen=True)
-class _Link:
-    server: int
-    layers: int  # m_ij: layers computed at `server` after the previous one
-
-
 class PlacementGraph:
-    """The "who can follow whom" DAG of a placement (§2.1: (i, j) is a link iff
-    a_j ≤ a_i + m_i ≤ a_j + m_j − 1, and j then computes m_ij = a_j + m_j − a_i − m_i
-    layers), and shortest routes through it."""
+    """The "who can follow whom" DAG of a placement (§2.1, GCA's `feasible_links`) and
+    shortest routes through it (GCA's `shortest_path`)."""
 
     def __init__(self, problem: ChainProblem, placement: Placement) -> None:
         validate_placement(problem, placement)
         self.problem = problem
-        ends = {j: placement.first_layer[j] + m for j, m in placement.layers.items()}
-        self.links: dict[int, list[_Link]] = {START: []}
-        for i in [START, *sorted(placement.layers)]:
-            after = 1 if i == START else ends[i]  # the first layer i leaves to the next server
-            self.links[i] = [
-                _Link(j, ends[j] - after)
-                for j in sorted(placement.layers)
-                if placement.first_layer[j] <= after < ends[j]
-            ]
-        self.finishing = {j for j, end in ends.items() if end == problem.layers + 1}
+        self.links = feasible_links(problem, placement)
+        self.end = len(problem.servers)
 
     def shortest(
         self, link_cost: Callable[[int, int], float], finish_cost: Callable[[int], float]
     ) -> Route:
-        """Dijkstra from the start to the end; `link_cost(j, m_ij)` prices entering j to
-        compute m_ij layers, `finish_cost(j)` leaving the last server. Ties: lower index."""
-        best: dict[int, float] = {START: 0.0}
-        previous: dict[int, tuple[int, int]] = {}
-        frontier: list[tuple[float, int]] = [(0.0, START)]
-        done: set[int] = set()
-        end_cost, end_from = math.inf, None
-        while frontier:
-            cost, node = heapq.heappop(frontier)
-            if node in done:
-                continue
-            done.add(node)
-            if node in self.finishing:
-                total = cost + finish_cost(node)
-                if total < end_cost:
-                    end_cost, end_from = total, node
-            for link in self.links[node]:
-                candidate = cost + link_cost(link.server, link.layers)
-                if candidate < best.get(link.server, math.inf):
-                    best[link.server] = candidate
-                    previous[link.server] = (node, link.layers)
-                    heapq.heappush(frontier, (candidate, link.server))
-        if end_from is None:
+        """The cheapest route covering every layer; `link_cost(j, m_ij)` prices entering j
+        to compute m_ij layers, `finish_cost(j)` leaving the last server. Ties: lower index."""
+
+        def cost(link: Link) -> float:
+            if link.target == self.end:
+                return finish_cost(link.source)
+            return link_cost(link.target, link.processed)
+
+        path = shortest_path(self.links, self.end, cost)
+        if path is None:
             raise ConfigError("placement", "no route covers every layer")
-        servers: list[int] = []
-        processed: list[int] = []
-        node = end_from
-        while node != START:
-            before, layers = previous[node]
-            servers.append(node)
-            processed.append(layers)
-            node = before
-        return make_route(self.problem, servers[::-1], processed[::-1])
+        stages = path[:-1]
+        return make_route(
+            self.problem, [link.target for link in stages], [link.processed for link in stages]
+        )
 
 
 class PetalsRouting:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fairpool.placement.model import Chain, ChainProblem, Placement
@@ -109,6 +110,21 @@ def _fastest_path(
 ) -> list[Link] | None:
     """Shortest start → end path over the links whose target still has m_ij free slots."""
     end = len(problem.servers)
+
+    def seconds(link: Link) -> float | None:
+        if link.target != end and residual[link.target] < link.processed:
+            return None
+        return _link_seconds(problem, link)
+
+    return shortest_path(links, end, seconds)
+
+
+def shortest_path(
+    links: dict[int, list[Link]], end: int, cost: Callable[[Link], float | None]
+) -> list[Link] | None:
+    """Dijkstra from the dummy start to `end` over `links`, a link priced by `cost`
+    (≥ 0; None: not usable). Ties go to the node settled first (lower cost, then lower
+    index). None when no usable path reaches the end."""
     distance: dict[int, float] = {START: 0.0}
     arrived_by: dict[int, Link] = {}
     settled: set[int] = set()
@@ -121,9 +137,10 @@ def _fastest_path(
         if node == end:
             break
         for link in links[node]:
-            if link.target != end and residual[link.target] < link.processed:
+            price = cost(link)
+            if price is None:
                 continue
-            candidate = seconds + _link_seconds(problem, link)
+            candidate = seconds + price
             if candidate < distance.get(link.target, math.inf):
                 distance[link.target] = candidate
                 arrived_by[link.target] = link

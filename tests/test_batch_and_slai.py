@@ -21,10 +21,12 @@ class Engine:
     mean_batch_time: float = 0.02
     memory_utilization: float = 0.5
     hits: dict[str, int] = field(default_factory=dict)
-    hit_epoch: int | None = None
 
     def cached_tokens(self, req: Request) -> int:
         return self.hits.get(req.request_id, 0)
+
+    def hit_epoch(self, tenant: str) -> int | None:
+        return None
 
     def try_admit(self, req: Request, cached_tokens: int) -> Running | None:
         used = sum(r.request.prompt_tokens + r.request.max_tokens for r in self.running)

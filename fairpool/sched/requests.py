@@ -107,11 +107,10 @@ class EngineView(Protocol):
         """Prompt tokens of `request` the prefix cache would serve right now."""
         ...
 
-    @property
-    def hit_epoch(self) -> int | None:
-        """A number that stays the same as long as every `cached_tokens` answer does,
-        so policies may reuse what they derived from hits; None if answers may change
-        at any time."""
+    def hit_epoch(self, tenant: str) -> int | None:
+        """A number that stays the same as long as every `cached_tokens` answer for
+        `tenant`'s waiting requests does, so policies may reuse what they derived from
+        those hits; None if answers may change at any time."""
         ...
 
 
@@ -132,6 +131,5 @@ class EngineSnapshot:
     def cached_tokens(self, request: Request) -> int:
         return min(self.hits.get(request.request_id, 0), request.prompt_tokens)
 
-    @property
-    def hit_epoch(self) -> int | None:
+    def hit_epoch(self, tenant: str) -> int | None:
         return None  # `hits` is a plain table anyone may change

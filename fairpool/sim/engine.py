@@ -144,7 +144,7 @@ class SimEngine:
         self.peak_memory = 0
         self._jobs: dict[str, _Job] = {}
         self._hits: dict[str, int] = {}  # prefix hits looked up during the current step
-        self.hit_epoch = 0  # advances whenever `_hits` is forgotten
+        self._hit_epoch = 0  # advances whenever `_hits` is forgotten
         self._held = 0  # Σ footprint over running jobs
         self._decode_room = 0  # tokens set aside for this step's decodes (paged)
         self._stalled = False
@@ -179,6 +179,9 @@ class SimEngine:
             hit -= hit % self.block_size
             self._hits[request.request_id] = hit
         return hit
+
+    def hit_epoch(self, tenant: str) -> int:
+        return self._hit_epoch  # every tenant's hits are forgotten together
 
     # ------------------------------------------------------------------ requests
 
@@ -401,7 +404,7 @@ class SimEngine:
 
     def _forget_hits(self) -> None:
         self._hits.clear()
-        self.hit_epoch += 1
+        self._hit_epoch += 1
 
     def _report_eviction(self, tokens: Sequence[int], keep: int, owners: object) -> None:
         self._forget_hits()  # hits looked up earlier this step may have just been evicted

@@ -76,14 +76,15 @@ class DLPM(LocalPolicy):
         self.deficits[tenant] -= service
 
     def _select(self, view: EngineView) -> Waiting | None:
-        waiting = self.waiting_tenants()
-        if not waiting:
-            return None
-        if all(self.deficits[tenant] <= 0 for tenant in waiting):
+        deficits = self.deficits
+        credited = [tenant for tenant in self._queues if deficits[tenant] > 0]
+        if not credited:
+            waiting = self.waiting_tenants()
+            if not waiting:
+                return None
             self._refill(waiting)
-        return self._longest_match(
-            view, (tenant for tenant in waiting if self.deficits[tenant] > 0)
-        )
+            credited = [tenant for tenant in waiting if deficits[tenant] > 0]
+        return self._longest_match(view, credited)
 
     def _refill(self, waiting: list[str]) -> None:
         """CheckRefill (Algorithm 1, lines 3-8), repeated until a waiting tenant has credit."""

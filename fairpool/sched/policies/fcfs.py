@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fairpool.sched.policy import LocalPolicy, Waiting, fcfs_key
+from fairpool.sched.policy import LocalPolicy, Waiting
 from fairpool.sched.requests import EngineView
 
 
@@ -12,4 +12,4 @@ class FCFS(LocalPolicy):
     name = "fcfs"
 
     def _select(self, view: EngineView) -> Waiting | None:
-        return self._best(self._heads(), key=fcfs_key)
+        return self._first_head()

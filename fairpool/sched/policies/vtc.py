@@ -50,9 +50,7 @@ class VTC(LocalPolicy):
         self.counters[tenant] += service / self.weights[tenant]
 
     def _select(self, view: EngineView) -> Waiting | None:
-        return self._best(
-            self._heads(), key=lambda head: (self.counters[head.request.tenant], head.order)
-        )
+        return self._first_head(self.counters)
 
     def tenant_state(self) -> dict[str, float]:
         return dict(self.counters)

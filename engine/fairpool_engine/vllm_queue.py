@@ -38,6 +38,7 @@ def policy_request(request: Request) -> PolicyRequest:
 class PolicyRequestQueue(RequestQueue):
     def __init__(self, scheduler: FairSchedulingMixin) -> None:
         self._scheduler = scheduler
+        self._live = scheduler.live
         self._requests: dict[str, Request] = {}  # waiting, by id
         self._head: Request | None = None
         self._vllm_hit: tuple[str, int] | None = None
@@ -46,7 +47,7 @@ class PolicyRequestQueue(RequestQueue):
 
     @property
     def policy(self) -> LocalPolicy:
-        return self._scheduler.live.policy
+        return self._live.policy
 
     def new_step(self) -> None:
         """Forget the previous step's choice: service and the cache have changed."""
@@ -71,14 +72,14 @@ class PolicyRequestQueue(RequestQueue):
         self._vllm_hit = (request_id, hit)
 
     def pop_request(self) -> Request:
-        request = self.peek_request()
+        request = self._head if self._head is not None else self.peek_request()
         request_id = request.request_id
         view = self._scheduler.view
         noted, self._vllm_hit = self._vllm_hit, None
         hit = noted[1] if noted is not None and noted[0] == request_id else None
         if hit is None:  # vLLM did not look it up (it has computed tokens already)
             hit = view.admission_hit(request)
-        self.policy.admit(request_id, hit)
+        self._live.policy.admit(request_id, hit)
         self.charged_hits[request_id] = hit
         del self._requests[request_id]
         view.forget(request_id)
@@ -131,7 +132,7 @@ class PolicyRequestQueue(RequestQueue):
         if self._head is None and self._requests:
             view = self._scheduler.view
             view.follow_cache()
-            chosen = self.policy.next_request(view)
+            chosen = self._live.policy.next_request(view)
             if chosen is not None:
                 self._head = self._requests[chosen.request_id]
         return self._head

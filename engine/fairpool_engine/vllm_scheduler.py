@@ -186,8 +186,13 @@ class VllmEngineView:
         self._hits[request_id] = hit
         if keys:
             self._watching[request_id] = keys
+            all_watchers = self._watchers
             for key in keys:
-                self._watchers.setdefault(key, set()).add(request_id)
+                watchers = all_watchers.get(key)
+                if watchers is None:
+                    all_watchers[key] = {request_id}
+                else:
+                    watchers.add(request_id)
         return hit
 
     def _forget_hit(self, request_id: str, moved: bool) -> None:
@@ -257,7 +262,8 @@ class FairSchedulingMixin:
             log.info("fairpool scheduler now runs %s", self.live.config.policy_name)
         now = time.monotonic()
         self.view.new_step(None if self._step_started is None else now - self._step_started)
-        self._step_started = now if self.running or self.waiting else None
+        # len(), not bool(): with memory-safe admission bool() would pick a request now.
+        self._step_started = now if self.running or len(self.waiting) else None
         self.waiting.new_step()
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         self._check_charged_hits(output)

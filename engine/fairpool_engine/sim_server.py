@@ -44,6 +44,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from fairpool.api.scheduler_config import CONFIG_ENV, tenant_of
+from fairpool.runtime import tune_collector_for_serving
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.profiles import get_profile
 from fairpool_engine.live import LiveScheduler
@@ -153,6 +154,8 @@ class SimServer:
 
     def __init__(self, options: SimOptions) -> None:
         self.options = options
+        #: Set by the process that runs only this server: see `tune_collector_for_serving`.
+        self.freeze_when_started = False
         profile = get_profile(options.profile)
         live = LiveScheduler(
             options.scheduler_config or os.environ.get(CONFIG_ENV) or None,
@@ -189,6 +192,8 @@ class SimServer:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(self.runner.run(), name="engine-sim loop")
         task.add_done_callback(self._loop_ended)
+        if self.freeze_when_started:
+            tune_collector_for_serving()
         try:
             yield
         finally:
@@ -404,6 +409,7 @@ def serve(options: SimOptions) -> int:
     logging.getLogger("fairpool").addHandler(handler)  # config reloads, the loop's fate
     logging.getLogger("fairpool").setLevel(logging.INFO)
     server = SimServer(options)
+    server.freeze_when_started = True  # this process's own server
     config = _uvicorn_config(server, options.host, options.port, options.access_log)
     live = server.runner.live
     log.info(

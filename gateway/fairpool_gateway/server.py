@@ -4,7 +4,6 @@ and benchmarks."""
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import socket
@@ -18,6 +17,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
+from fairpool.runtime import tune_collector_for_serving
 from fairpool_gateway.app import admin_app, tenant_app
 from fairpool_gateway.gateway import Gateway
 
@@ -57,7 +57,7 @@ class GatewayASGI:
 
     def __init__(self, gateway: Gateway, admin_port: int, freeze: bool = False) -> None:
         self.gateway = gateway
-        self.freeze = freeze  # the process's own server: freeze_startup_objects once up
+        self.freeze = freeze  # the process's own server: tune_collector_for_serving once up
         self.admin_port = admin_port
         self.tenant = tenant_app(gateway)
         self.admin = admin_app(gateway)
@@ -76,7 +76,7 @@ class GatewayASGI:
             if message["type"] == "lifespan.startup":
                 await self.gateway.start()
                 if self.freeze:
-                    freeze_startup_objects()
+                    tune_collector_for_serving()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.gateway.stop()
@@ -130,16 +130,6 @@ def serve(
         flush=True,
     )
     server.run(sockets=[tenant_socket, admin_socket])
-
-
-def freeze_startup_objects() -> None:
-    """Exempt what exists once the gateway has started (modules, classes, clients, the
-    configuration: most of the process's objects) from the cyclic garbage collector's full
-    collections, which otherwise pause every request for tens of milliseconds several
-    times a minute at a few hundred requests per second. Later objects are collected as
-    usual."""
-    gc.collect()
-    gc.freeze()
 
 
 class GatewayThread:

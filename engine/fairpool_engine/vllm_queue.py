@@ -52,6 +52,7 @@ class PolicyRequestQueue(RequestQueue):
     def new_step(self) -> None:
         """Forget the previous step's choice: service and the cache have changed."""
         self._head = None
+        self._vllm_hit = None
         self.charged_hits.clear()
 
     # ------------------------------------------------------------ RequestQueue

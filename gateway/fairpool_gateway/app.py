@@ -13,6 +13,7 @@ tenant API's port.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -21,11 +22,9 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
-import anyio
-import anyio.abc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -57,6 +56,7 @@ from fairpool_gateway.proxy import (
     upstream_timeout,
 )
 
+T = TypeVar("T")
 log = logging.getLogger("fairpool.gateway")
 REQUEST_ID = "x-request-id"
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
@@ -167,7 +167,7 @@ async def generate(
         return error_response(error, exchange.request_id)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    response = await unless_client_leaves(request, admit_and_forward(exchange))
+    response = await unless_client_leaves(request.receive, admit_and_forward(exchange))
     return response or Response(status_code=CLIENT_CLOSED)
 
 
@@ -180,23 +180,41 @@ async def admit_and_forward(exchange: Exchange) -> Response:
     return await forward(exchange)
 
 
-async def unless_client_leaves(request: Request, work: Awaitable[Response]) -> Response | None:
-    """`work`'s response, or None if the client disconnected first: then `work` is
-    cancelled (leaving the fair queue, or closing the engine's request, which aborts it)."""
-    response: Response | None = None
+async def unless_client_leaves(receive: Receive, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None if the client disconnected first: then `work` is
+    cancelled (leaving the fair queue, or closing the engine's request, which aborts it).
+    Plain asyncio rather than a task group, as it runs twice for every request: one
+    watcher task, which cancels this one when the client leaves."""
+    task = asyncio.current_task()
+    assert task is not None
+    watching, left = True, False
 
-    async def watch(group: anyio.abc.TaskGroup) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        group.cancel_scope.cancel()
+    def on_watcher_done(watcher: asyncio.Task[None]) -> None:
+        nonlocal left
+        if watching and not watcher.cancelled() and watcher.exception() is None:
+            left = True
+            task.cancel()
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(watch, group)
-        try:
-            response = await work
-        finally:
-            group.cancel_scope.cancel()
-    return response
+    watcher = asyncio.ensure_future(until_disconnect(receive))
+    watcher.add_done_callback(on_watcher_done)
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        task.uncancel()  # our own cancellation, not the server's
+        return None
+    finally:
+        watching = False
+        watcher.cancel()
+    if left:  # `work` finished although it was told to stop
+        task.uncancel()
+    return result
+
+
+async def until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -408,20 +426,14 @@ class RelayResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with anyio.create_task_group() as group:
-
-                async def stream() -> None:
-                    with contextlib.suppress(OSError):  # the client went away mid-send
-                        await self.stream_response(send)
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream)
-                await self.listen_for_disconnect(receive)
-                group.cancel_scope.cancel()
+            await unless_client_leaves(receive, self._relay(send))
         finally:
             iterator: Any = self.body_iterator
-            with anyio.CancelScope(shield=True):
-                await iterator.aclose()
+            await iterator.aclose()
+
+    async def _relay(self, send: Send) -> None:
+        with contextlib.suppress(OSError):  # the client went away mid-send
+            await self.stream_response(send)
 
 
 def settle(

@@ -155,6 +155,31 @@ def measure(
             inside = False
 
     scheduler.schedule = timed_call
+    # update_from_output, where the plugin charges every output token: the whole call,
+    # and vLLM's own method inside it.
+    updates: list[tuple[int, int]] = []
+    vllm_update = Scheduler.update_from_output
+    update_inner_ns = 0
+
+    def timed_vllm_update(self: object, *args: object, **kwargs: object) -> object:
+        nonlocal update_inner_ns
+        start = clock()
+        try:
+            return vllm_update(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            update_inner_ns = clock() - start
+
+    Scheduler.update_from_output = timed_vllm_update  # type: ignore[method-assign]
+    whole_update = scheduler.update_from_output
+
+    def timed_update(*args: object, **kwargs: object) -> object:
+        start = clock()
+        try:
+            return whole_update(*args, **kwargs)
+        finally:
+            updates.append((clock() - start, update_inner_ns))
+
+    scheduler.update_from_output = timed_update
     added = 0
     # Every tenant's requests share a preamble of two whole KV blocks or more, so that the
     # prefix cache has hits for LPM and DLPM to order by (and to look up).
@@ -192,6 +217,11 @@ def measure(
         "queue_us": statistics.fmean(
             (total - inner + queue) / 1000 for total, inner, queue in counted
         ),
+        # update_from_output: vLLM's own method, and what the plugin adds around it.
+        "update_vllm_us": statistics.fmean(inner / 1000 for _, inner in updates[WARMUP_STEPS:]),
+        "update_plugin_us": statistics.fmean(
+            (total - inner) / 1000 for total, inner in updates[WARMUP_STEPS:]
+        ),
     }
 
 
@@ -213,6 +243,11 @@ def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, 
         summary = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
         summary["same_steps_ratio"] = statistics.median(
             (run["vllm_us"] + run["queue_us"]) / (run["vllm_us"] + stock["queue_us"])
+            for run, stock in zip(runs, stock_runs, strict=True)
+        )
+        summary["update_ratio"] = statistics.median(
+            (run["update_vllm_us"] + run["update_plugin_us"])
+            / (run["update_vllm_us"] + stock["update_plugin_us"])
             for run, stock in zip(runs, stock_runs, strict=True)
         )
         summary["whole_call_ratio"] = statistics.median(
@@ -278,15 +313,17 @@ def scenario_table(scenario: str, results: dict[str, dict[str, float]]) -> str:
         f"### {scenario}: max_num_seqs {settings.max_num_seqs}, "
         f"{settings.output_tokens} output tokens per request\n",
         "| scheduler | vLLM's work µs | queue + plugin µs | **same steps vs stock** "
-        "| whole call mean µs | p50 µs | p90 µs | whole call vs stock |",
-        "|---|---|---|---|---|---|---|---|",
+        "| whole call mean µs | p50 µs | p90 µs | whole call vs stock "
+        "| update_from_output: vLLM µs | + plugin µs | same steps vs stock |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in results.items():
         rows.append(
             f"| {name} | {result['vllm_us']:.0f} | {result['queue_us']:.1f} "
             f"| **{result['same_steps_ratio']:.3f}×** | {result['mean_us']:.0f} "
             f"| {result['p50_us']:.0f} | {result['p90_us']:.0f} "
-            f"| {result['whole_call_ratio']:.2f}× |"
+            f"| {result['whole_call_ratio']:.2f}× | {result['update_vllm_us']:.0f} "
+            f"| {result['update_plugin_us']:.1f} | {result['update_ratio']:.3f}× |"
         )
     return "\n".join(rows) + "\n"
 

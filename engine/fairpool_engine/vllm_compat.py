@@ -42,7 +42,6 @@ __all__ = [
     "kv_capacity_tokens",
     "local_hit_tokens",
     "observed_block_map",
-    "prefix_hit",
     "prefix_lookup",
 ]
 
@@ -74,11 +73,6 @@ def check_version() -> str:
             f"found {version}; set {ALLOW_UNTESTED_ENV}=1 to try it anyway"
         )
     return version
-
-
-def prefix_hit(kv_cache_manager: Any, request: Request, block_size: int) -> int:
-    """Prompt tokens the prefix cache would serve `request` now (see `prefix_lookup`)."""
-    return prefix_lookup(kv_cache_manager, request, block_size)[0]
 
 
 def prefix_lookup(

@@ -44,7 +44,7 @@ def main(model: str) -> None:
     def check_followed_hits() -> None:
         for request_id, followed in scheduler.view.followed_hits().items():
             request = scheduler.requests[request_id]
-            fresh = vllm_compat.prefix_hit(scheduler.kv_cache_manager, request, 128)
+            fresh = vllm_compat.prefix_lookup(scheduler.kv_cache_manager, request, 128)[0]
             by_vllm = scheduler.kv_cache_manager.get_computed_blocks(request)[1]
             counts["checked"] += 1
             counts["mismatched"] += followed != fresh

@@ -139,7 +139,7 @@ def run(name: str, tokens: bool, warmup: int, measured: int, seed: int) -> dict[
     events = Workload(seed, tokens).events(warmup + measured)
     started = time.perf_counter()
     for event in itertools.islice(events, warmup):
-        worker = router.route(event.request)
+        worker = router.route(event.request).worker
         if not own_tree:
             shadow.insert(event.request.key, worker)
         if event.complete_id is not None:
@@ -157,7 +157,7 @@ def run(name: str, tokens: bool, warmup: int, measured: int, seed: int) -> dict[
         request = event.request
         lengths = shadow.match_lengths(request.key)
         begin = clock()
-        worker = router.route(request)
+        worker = router.route(request).worker
         if event.complete_id is not None:
             router.complete(event.complete_id, event.output_tokens)
         samples.append(clock() - begin)

@@ -86,8 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     sim = commands.add_parser(
         "sim",
         help="simulate a fleet in virtual time on a trace or a named workload",
-        description="Run N simulated engines behind a router on a trace (JSON lines) or a "
-        "generated workload, and report per-tenant service, latency and fairness.",
+        description="Run N simulated engines behind the gateway's front (hard limits, fair "
+        "queue, router) on a trace (JSON lines) or a generated workload, and report "
+        "per-tenant service, latency and fairness. With --pool, the pool's scheduler, routing "
+        "and gateway settings are simulated as deployed; flags given explicitly win.",
     )
     source = sim.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE", help="trace file (JSON lines)")
@@ -99,9 +101,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a workload parameter, e.g. rate=10 or rpm=[90,180] (repeatable)",
     )
-    sim.add_argument("--workers", type=_positive_int, default=1)
-    sim.add_argument("--policy", default="dlpm", help="local policy (default dlpm)")
-    sim.add_argument("--router", default="d2lpm", help="router (default d2lpm)")
+    sim.add_argument(
+        "--pool",
+        metavar="FILE",
+        help="InferencePool YAML: its replicas, scheduler and routing (saturation, queue "
+        "policy and timeout included)",
+    )
+    sim.add_argument("--workers", type=_positive_int, help="engines (default 1)")
+    sim.add_argument("--policy", help="local policy (default dlpm)")
+    sim.add_argument("--router", help="router (default d2lpm)")
     sim.add_argument("--profile", default="llama2-7b-a10g", help="engine profile")
     sim.add_argument("--memory-tokens", type=_positive_int, help="KV memory per engine")
     sim.add_argument(
@@ -111,7 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--quantum", type=_positive_float, help="DLPM quantum Q")
     sim.add_argument("--worker-quantum", type=_positive_float, help="D2LPM quantum Q^w")
-    sim.add_argument("--tenants", metavar="FILE", help="TenantQuota YAML with tenant weights")
+    sim.add_argument(
+        "--tenants", metavar="FILE", help="TenantQuota YAML: tenant weights and hard limits"
+    )
     sim.add_argument("--duration", type=_positive_float, help="virtual seconds to simulate")
     sim.add_argument(
         "--rpm-limit", type=_positive_int, help="refuse a tenant's requests beyond N per minute"
@@ -357,6 +367,7 @@ def _sim(args: argparse.Namespace) -> int:
         duration=args.duration,
         seed=args.seed,
         rpm_limit=args.rpm_limit,
+        pool=args.pool,
         workload_params=_key_values("--workload-param", args.workload_param),
     )
     run_command(options, args.json, args.plot, args.write_trace, _wide_console())

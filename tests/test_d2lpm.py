@@ -337,7 +337,7 @@ def test_d2lpm_properties(
             holders = holders_of_longest_match(router, key) & credit
             load = outstanding(router)
             request = RouteRequest(f"r{next(_ids)}", tenant, key, tokens)
-            worker = router.route(request)
+            worker = router.route(request).worker
             charge = cost.service(tokens, 0)
             # (a) never a worker without credit while another has some
             if credit:

@@ -61,7 +61,7 @@ def test_a_burst_fills_chains_fastest_first_never_past_capacity_and_queues_the_r
         gateway(chain_config(slow.url, fast.url)) as running,
     ):
         pool = running.gateway.pools["main"]
-        router = pool.router
+        router = pool.front.router
         peaks = {slow.url: 0, fast.url: 0, "queued": 0}
         done = threading.Event()
 
@@ -69,7 +69,7 @@ def test_a_burst_fills_chains_fastest_first_never_past_capacity_and_queues_the_r
             while not done.is_set():
                 for url, state in list(router.workers.items()):
                     peaks[url] = max(peaks[url], state.outstanding)
-                peaks["queued"] = max(peaks["queued"], pool.queue.queued())
+                peaks["queued"] = max(peaks["queued"], pool.front.queue.queued())
                 time.sleep(0.002)
 
         watcher = threading.Thread(target=watch)

@@ -69,7 +69,7 @@ def test_weights_one_to_two_give_service_one_to_two_while_both_are_backlogged():
             **SATURATED,
         )
         with gateway(config) as running:
-            queue = running.gateway.pools["main"].queue
+            queue = running.gateway.pools["main"].front.queue
             shares: list[dict[str, float]] = []
 
             async def watch() -> None:
@@ -108,7 +108,7 @@ def test_a_flood_does_not_hold_a_light_tenant_back():
 
             async def scenario() -> tuple[list[float], list[float]]:
                 flooding = asyncio.create_task(flood(running, "flood", 60, 32))
-                queue = running.gateway.pools["main"].queue
+                queue = running.gateway.pools["main"].front.queue
                 for _ in range(500):  # until the flood is queued at the gateway (a busy
                     if queue.queued("flood") > 20:  # machine may take a while to send it)
                         break
@@ -215,7 +215,7 @@ def test_a_worker_killed_mid_stream_ends_the_stream_cleanly_and_leaves_rotation(
             assert '"error"' in events[-2]
             output = len(events) - 2
             assert 0 < output < 400
-            wait_until(lambda: not running.gateway.pools["main"].router.workers, timeout=2.5)
+            wait_until(lambda: not running.gateway.pools["main"].front.router.workers, timeout=2.5)
             charged = gateway_metric(running, "fairpool_gateway_service_total", tenant="light")
     # Charged for what was relayed: the estimated prompt and about one token per event.
     assert charged - before <= 2 * (output + 1) + 10
@@ -225,7 +225,7 @@ def test_a_failed_health_check_takes_a_worker_out_and_back_in():
     with engines(2) as workers:
         config = gateway_config([w.url for w in workers], [tenant_entry("light")])
         with gateway(config) as running:
-            router = running.gateway.pools["main"].router
+            router = running.gateway.pools["main"].front.router
             httpx.post(f"{workers[0].url}/admin/health", json={"healthy": False})
             wait_until(lambda: workers[0].url not in router.workers, timeout=2.0)
             with client(running, "light") as api:
@@ -256,5 +256,5 @@ def test_a_client_that_leaves_cancels_the_engines_request(stream):
 
             asyncio.run(leave_early())
             wait_until(lambda: engine.in_flight == 0, timeout=5)
-            worker = running.gateway.pools["main"].router.workers[workers[0].url]
+            worker = running.gateway.pools["main"].front.router.workers[workers[0].url]
             wait_until(lambda: worker.outstanding == 0, timeout=5)

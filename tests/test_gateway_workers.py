@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from fairpool_engine.sim_options import SimOptions
 from fairpool_engine.sim_server import ServerThread
-from fairpool_gateway.workers import WorkerHealth, WorkerMonitor, parse_load, shown
+from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor, parse_load, shown
 
 LEAVE_DEADLINE = 2.0  # seconds: "a failing worker leaves rotation within 2 s"
 
@@ -108,9 +108,12 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
     # A small KV memory, slow model time: of six 300-token requests two run, the rest wait.
     options = SimOptions(speedup=0.2, max_model_len=512, memory_tokens=640, access_log=False)
     changes: list[tuple[bool, int, int]] = []
+    loads: list[Load] = []
 
-    def record(worker: WorkerHealth) -> None:
-        changes.append((worker.healthy, worker.waiting, worker.running))
+    def record(worker: WorkerHealth, load: Load | None) -> None:
+        assert load is not None, "a live engine enters rotation with its load"
+        loads.append(load)
+        changes.append((worker.healthy, load.waiting, load.running))
 
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient() as client:
@@ -130,13 +133,13 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
 
             async def busy() -> bool:
                 await monitor.poll_once()
-                queues = (worker.waiting, worker.running)
-                return min(queues) > 0 and sum(queues) == 6 and worker.kv_usage > 0
+                queues = (loads[-1].waiting, loads[-1].running)
+                return min(queues) > 0 and sum(queues) == 6 and loads[-1].kv_usage > 0
 
             deadline = time.monotonic() + 10
             while not await busy():
                 assert time.monotonic() < deadline, "the load never showed"
-            assert changes[-1] == (True, worker.waiting, worker.running)
+            assert changes[-1] == (True, loads[-1].waiting, loads[-1].running)
 
             for request in requests:  # the clients leave: the engine aborts their requests
                 request.cancel()
@@ -144,7 +147,7 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
 
             async def idle() -> bool:
                 await monitor.poll_once()
-                return (worker.waiting, worker.running) == (0, 0)
+                return (loads[-1].waiting, loads[-1].running) == (0, 0)
 
             deadline = time.monotonic() + 10
             while not await idle():
@@ -314,10 +317,14 @@ class FakeWorker:
 def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() -> None:
     changes: list[bool] = []
 
+    def transition(worker: WorkerHealth, load: Load | None) -> None:
+        if not changes or changes[-1] != worker.healthy:  # loads of a healthy worker too
+            changes.append(worker.healthy)
+
     async def scenario(fake: FakeWorker) -> None:
         url = fake.url
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, on_change=lambda worker: changes.append(worker.healthy))
+            monitor = WorkerMonitor(client, on_change=transition)
             monitor.set_workers([url])
             await monitor.poll_once()
             assert monitor.healthy() == [url]
@@ -345,17 +352,20 @@ def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() 
 
 
 def test_a_metrics_failure_keeps_the_worker_in_rotation_with_its_last_load(caplog) -> None:
+    loads: list[Load | None] = []
+
     async def scenario(fake: FakeWorker) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client)
+            monitor = WorkerMonitor(client, on_change=lambda worker, load: loads.append(load))
             monitor.set_workers([fake.url])
             await monitor.poll_once()
             worker = monitor.workers[fake.url]
-            assert worker.healthy and (worker.waiting, worker.running) == (4, 7)
+            assert worker.healthy and loads == [Load(4, 7, 0.375)]
             for status, body in [(500, ""), (200, "# TYPE up gauge\nup 1\n")]:
                 fake.metrics_status, fake.metrics_body = status, body
                 await monitor.poll_once()
-                assert worker.healthy and (worker.waiting, worker.running) == (4, 7)
+                # No new load is reported: whoever keeps the last one keeps it.
+                assert worker.healthy and loads == [Load(4, 7, 0.375)]
                 assert (worker.last_error or "").startswith("/metrics")
 
     with caplog.at_level("DEBUG", logger="fairpool.gateway"), FakeWorker() as fake:
@@ -367,7 +377,7 @@ def test_a_metrics_failure_keeps_the_worker_in_rotation_with_its_last_load(caplo
 def test_new_workers_are_checked_at_once_and_removed_ones_forgotten(caplog) -> None:
     seen: list[tuple[str, bool]] = []
 
-    def fragile(worker: WorkerHealth) -> None:
+    def fragile(worker: WorkerHealth, load: Load | None) -> None:
         seen.append((worker.url, worker.healthy))
         raise RuntimeError("a broken listener must not stop the monitor")
 

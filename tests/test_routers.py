@@ -39,7 +39,7 @@ def req(
 def route(router: Router, key: Sequence[Any] = "", tenant: str = "t") -> tuple[str, str]:
     """Route a fresh request; returns (request id, worker)."""
     request = req(key, tenant)
-    return request.request_id, router.route(request)
+    return request.request_id, router.route(request).worker
 
 
 @contextmanager
@@ -307,7 +307,7 @@ def test_unknown_or_repeated_completion_raises(cls: type[Router]) -> None:
 def test_duplicate_request_id_raises_and_changes_nothing(cls: type[Router]) -> None:
     router = cls(WORKERS)
     request = req(PROMPT)
-    worker = router.route(request)
+    worker = router.route(request).worker
     with raises_config("request_id"):
         router.route(RouteRequest(request.request_id, "other", "x", 1))
     assert sum(state.outstanding for state in router.workers.values()) == 1
@@ -487,20 +487,20 @@ def _jffc(profiles: dict[str, tuple[int, float]]) -> JFFC:
 
 def test_jffc_fills_the_fastest_chain_first_up_to_its_capacity() -> None:
     router = _jffc({"slow": (3, 0.5), "fast": (2, 2.0), "middle": (1, 1.0)})
-    chosen = [router.route(RouteRequest(f"r{i}", "t", "", 1)) for i in range(6)]
+    chosen = [router.route(RouteRequest(f"r{i}", "t", "", 1)).worker for i in range(6)]
     assert chosen == ["fast", "fast", "middle", "slow", "slow", "slow"]
     assert not router.has_room()
     with raises_config("workers"):
         router.route(RouteRequest("r6", "t", "", 1))
     router.complete("r3")  # a slow chain's slot frees: the queue head goes there
     assert router.room("slow") == 1
-    assert router.route(RouteRequest("r7", "t", "", 1)) == "slow"
+    assert router.route(RouteRequest("r7", "t", "", 1)).worker == "slow"
 
 
 def test_jffc_ties_go_to_the_earliest_chain_and_unprofiled_workers_are_unbounded() -> None:
     router = JFFC(["a", "b", "c"], chains={"b": ChainProfile(1, 1.0)})
     assert router.room("a") is None
-    assert [router.route(RouteRequest(f"r{i}", "t", "", 1)) for i in range(3)] == ["a"] * 3
+    assert [router.route(RouteRequest(f"r{i}", "t", "", 1)).worker for i in range(3)] == ["a"] * 3
 
 
 @given(
@@ -518,7 +518,7 @@ def test_jffc_never_exceeds_capacity_and_always_picks_the_fastest_free_chain(
         if arrive and router.has_room():
             free = [w for w in router.workers if router.room(w)]
             fastest = max(router.chains[w].service_rate for w in free)
-            worker = router.route(RouteRequest(f"r{number}", "t", "", 1))
+            worker = router.route(RouteRequest(f"r{number}", "t", "", 1)).worker
             assert router.chains[worker].service_rate == fastest
             running.append(f"r{number}")
         elif running:
@@ -532,3 +532,38 @@ def test_chain_profile_validation() -> None:
         ChainProfile(0, 1.0)
     with raises_config("service_rate"):
         ChainProfile(1, 0.0)
+
+
+# ---------------------------------------------------------------------- the decision
+
+keys = st.text(alphabet="ab", min_size=0, max_size=12)
+
+
+@pytest.mark.parametrize("name", ["d2lpm", "cache_aware"])
+@given(key_list=st.lists(keys, min_size=1, max_size=30), min_match=st.integers(0, 4))
+def test_a_decision_reports_what_the_worker_held_before_this_request(name, key_list, min_match):
+    """`matched` is the chosen worker's match as it was before the router learned this
+    request's key: a lookup made after the insert would report every key as cached."""
+    from fairpool.sched.radix import RadixTree
+
+    router = make_router(name, WORKERS, min_match=min_match)
+    before = RadixTree()  # what each worker was sent, learned only after each decision
+    for key in key_list:
+        decision = router.route(req(key))
+        held = before.match_length(key, decision.worker)
+        assert decision.matched == (held if held >= min_match else 0)
+        before.insert(key, decision.worker)
+
+
+def test_a_never_seen_prompt_is_a_miss_and_its_repeat_a_hit():
+    router = make_router("d2lpm", ["w0"])
+    assert router.route(req(PROMPT)).matched == 0
+    assert router.route(req(PROMPT)).matched == len(PROMPT)
+    assert router.route(req(PROMPT[:20] + "other")).matched == 20
+
+
+def test_routers_without_a_tree_match_nothing():
+    for name in ("round_robin", "least_load", "jffc"):
+        router = make_router(name, WORKERS)
+        router.route(req(PROMPT))
+        assert router.route(req(PROMPT)).matched == 0 and router.cache_size() is None

@@ -12,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from fairpool.sched.errors import ConfigError, require_non_negative, require_positive
+from fairpool.sched.errors import (
+    ConfigError,
+    require_count,
+    require_non_negative,
+    require_positive,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,32 @@ class CostModel:
 
     def decode(self, output_tokens: int = 1) -> float:
         return self.output_weight * output_tokens
+
+    def correction(self, charged: Tokens, actual: Tokens) -> float:
+        """Service to add (negative: refund) so that a request charged for `charged` has
+        paid for `actual` instead: the one way every ledger corrects an estimate to what
+        the engine reports. A part that `actual` leaves unknown (None) stays as charged."""
+        correction = 0.0
+        if actual.extend is not None:
+            correction += self.extend_weight * (actual.extend - (charged.extend or 0))
+        if actual.output is not None:
+            correction += self.output_weight * (actual.output - (charged.output or 0))
+        return correction
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """A request's tokens as one ledger knows them: `extend` (prompt tokens computed, not
+    served from a prefix cache) and `output`; None where not known."""
+
+    extend: int | None = None
+    output: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("extend", "output"):
+            value = getattr(self, name)
+            if value is not None:
+                require_count(name, value)
 
 
 class TenantWeights(Mapping[str, float]):

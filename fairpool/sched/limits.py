@@ -1,18 +1,11 @@
-"""Hard per-tenant limits enforced on arrival.
-
-`SlidingWindow` is the one implementation of a trailing-window count: amounts (requests,
-tokens) recorded at times, summed over the last `window` seconds. On it:
-
-- `RequestRateLimiter`, the request-per-minute limit: VTC's RPM baseline (Sheng et al.,
-  OSDI'24, §5.1 — its artifact rejects a request when the client already has `limit`
-  requests in the trailing 60 seconds), used by the simulator;
-- the gateway's limiter (`fairpool_gateway.limits`), which adds tokens per minute, limits
-  that change between calls and the Retry-After of a refusal.
+"""`SlidingWindow`: the one implementation of a trailing-window count — amounts (requests,
+tokens) recorded at times, summed over the last `window` seconds. The hard per-tenant
+limits (`fairpool.front.limits.TenantLimiter`) count on it.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from typing import NewType
 
 from fairpool.sched.errors import require_count, require_positive
@@ -86,20 +79,3 @@ class SlidingWindow:
         while self._entries and self._entries[0][0] <= cutoff:
             _, entry = self._entries.popleft()
             self._total -= self._amounts.pop(entry)
-
-
-class RequestRateLimiter:
-    """At most `requests_per_minute` accepted requests per tenant in any trailing window."""
-
-    def __init__(self, requests_per_minute: int, window: float = 60.0) -> None:
-        self.limit = require_count("requests_per_minute", requests_per_minute, minimum=1)
-        self.window = require_positive("window", window)
-        self._accepted: dict[str, SlidingWindow] = defaultdict(lambda: SlidingWindow(self.window))
-
-    def allow(self, tenant: str, now: float) -> bool:
-        """Accept (and count) a request of `tenant` at time `now`, or refuse it."""
-        accepted = self._accepted[tenant]
-        if accepted.total(now) >= self.limit:
-            return False
-        accepted.add(now)
-        return True

@@ -241,7 +241,7 @@ class ChainDispatch(Dispatcher):
         self.router = JFFC(self.routes, chains=self.profiles)
 
     def _dispatch(self, job: Job) -> Job:
-        worker = self.router.route(RouteRequest(job.name, "sim", (), 0))
+        worker = self.router.route(RouteRequest(job.name, "sim", (), 0)).worker
         job.route = self.routes[worker]
         return job
 

@@ -1,30 +1,55 @@
-"""A fleet in virtual time: N engines, one router, a trace of requests.
+"""A fleet in virtual time: N engines behind a pool's front, a trace of requests.
 
-Events are processed in time order. An arrival is routed at its arrival time (the router
-sees the completions that happened before it); an engine runs its next step at its own
-clock, seeing every arrival up to then. Engines report admissions, completions and cache
-evictions; the fleet forwards completions and evictions to the router (D2LPM's streams 2
-and 3) and records what the metrics need.
+The front is the gateway's own (`fairpool.front.PoolFront`): hard limits, the fair queue
+while the pool is saturated, the router, and settlement with the usage the engines report —
+so a simulation shows what a deployed gateway configuration does. Without saturation
+thresholds (the default, and the papers' setting) every admitted request is routed at once.
+
+Events are processed in time order: a front event (a completion reaching the front, a
+queued request's timeout), an arrival, or an engine step, in that order at equal times. An
+arrival is admitted and routed at its arrival time (the front sees the completions that
+happened before it); an engine runs its next step at its own clock, seeing every request
+dispatched to it up to then. Engines report admissions, completions and cache evictions;
+the fleet settles completions with the front (D2LPM's stream 2, with the engine's cached
+prompt tokens) and passes evictions to the router (stream 3).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairpool.api.inference_pool import Saturation
+from fairpool.api.tenant_quota import TenantLimits
+from fairpool.front import (
+    FairQueue,
+    Flight,
+    FrontRequest,
+    Outcome,
+    PoolFront,
+    Rejection,
+    TenantLimiter,
+    Usage,
+)
 from fairpool.sched.batch import BatchPlan
 from fairpool.sched.cost import CostModel, TenantWeights
-from fairpool.sched.errors import ConfigError, require_count
-from fairpool.sched.limits import RequestRateLimiter
+from fairpool.sched.errors import (
+    ConfigError,
+    require_count,
+    require_non_negative,
+    require_positive,
+)
 from fairpool.sched.registry import make_policy, make_router, policy_parameters
 from fairpool.sched.requests import Request
-from fairpool.sched.routers.base import RouteRequest
 from fairpool.sim.engine import Admission, Completion, SimEngine, StepTime
 from fairpool.sim.metrics import Recorder
 from fairpool.sim.profiles import Profile
 from fairpool.sim.trace import SegmentTokens, TraceRequest
+
+POOL = "pool"
 
 
 @dataclass(frozen=True)
@@ -39,9 +64,19 @@ class FleetConfig:
     block_size: int = 1
     quantum: float | None = None
     worker_quantum: float | None = None
+    min_match: int = 0  # routing prefix matches shorter than this many tokens count as none
     cost: CostModel = field(default_factory=CostModel)
     weights: TenantWeights = field(default_factory=TenantWeights)
-    rpm_limit: int | None = None  # requests per minute per tenant, refused beyond it
+    # The gateway's front: when a worker counts as full (None: never, requests are routed
+    # at once), the fair queue's order and timeout, and each tenant's hard limits.
+    saturation: Saturation | None = None
+    queue_policy: str = "vtc"
+    queue_timeout: float = 60.0
+    limits: Mapping[str, TenantLimits] = field(default_factory=dict)
+    rpm_limit: int | None = None  # requests per minute for tenants without `limits`
+    # Seconds before the engines join the pool's rotation (a pool starting, or waking from
+    # zero): requests that arrive earlier wait in the front's queue.
+    cold_start: float = 0.0
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # e.g. alpha, beta
 
     def __post_init__(self) -> None:
@@ -49,6 +84,19 @@ class FleetConfig:
         require_count("memory_tokens", self.memory_tokens, minimum=1)
         require_count("token_budget", self.token_budget, minimum=1)
         require_count("block_size", self.block_size, minimum=1)
+        require_count("min_match", self.min_match)
+        require_positive("queue_timeout", self.queue_timeout)
+        require_non_negative("cold_start", self.cold_start)
+        if self.rpm_limit is not None:
+            require_count("rpm_limit", self.rpm_limit, minimum=1)
+
+    def limits_of(self, tenant: str) -> TenantLimits:
+        limits = self.limits.get(tenant)
+        if limits is not None:
+            return limits
+        if self.rpm_limit is None:
+            return _UNLIMITED
+        return TenantLimits(requestsPerMinute=self.rpm_limit)
 
     @classmethod
     def from_profile(
@@ -70,13 +118,17 @@ class FleetConfig:
         )
 
 
+_UNLIMITED = TenantLimits()
+
+
 class Fleet:
-    """Engines and a router, driven through a trace in virtual time."""
+    """Engines behind a pool's front, driven through a trace in virtual time."""
 
     def __init__(self, config: FleetConfig, seed: int = 0) -> None:
         self.config = config
         self.tokens = SegmentTokens(seed)
         self.recorder = Recorder(config.weights)
+        self.now = 0.0
         self.engines = [
             SimEngine(
                 self._policy(),
@@ -95,18 +147,43 @@ class Fleet:
         router_params: dict[str, Any] = {}
         if config.worker_quantum is not None:
             router_params["worker_quantum"] = config.worker_quantum
-        self.router = make_router(
+        if config.min_match:
+            router_params["min_match"] = config.min_match
+        router = make_router(
             config.router,
             [engine.name for engine in self.engines],
             cost=config.cost,
             weights=config.weights,
             **router_params,
         )
-        self.limiter = (
-            RequestRateLimiter(config.rpm_limit) if config.rpm_limit is not None else None
+        clock = self._clock
+        self.front = PoolFront(
+            POOL,
+            router,
+            FairQueue(config.cost, config.weights, policy=config.queue_policy, clock=clock),
+            TenantLimiter(clock=clock),
+            config.cost,
+            saturation=config.saturation,
+            queue_timeout=config.queue_timeout,
+            clock=clock,
+            on_release=self._submit,
         )
-        self._completions: list[tuple[float, int, str, int]] = []
+        # Completions reaching the front and queue timeouts: (time, sequence, event).
+        self._front_events: list[tuple[float, int, Callable[[], None]]] = []
         self._sequence = 0
+        self._trace: dict[str, tuple[TraceRequest, Sequence[int]]] = {}
+        self._flights: dict[str, Flight] = {}
+        if config.cold_start:
+            names = list(self._positions)
+            self.front.set_rotation([])
+            self._at(config.cold_start, lambda: self._join(names))
+
+    @property
+    def router(self) -> Any:
+        return self.front.router
+
+    def _clock(self) -> float:
+        return self.now
 
     def _policy(self) -> Any:
         params: dict[str, Any] = dict(self.config.policy_params)
@@ -130,13 +207,12 @@ class Fleet:
     ) -> Recorder:
         """Serve `trace` until everything finished, or until `duration` virtual seconds."""
         self._check_fits(trace)
-        end = float("inf") if duration is None else duration
+        end = math.inf if duration is None else duration
         arrivals = sorted(enumerate(trace), key=lambda item: (item[1].t, item[0]))
         next_arrival = 0
-        now = 0.0
         # Busy engines by (clock, position): only an engine's own step moves its clock
         # while it is busy, and only a step (done, or stalled: requests wait but the
-        # policy admits none into an empty engine) or an arrival (busy) changes that.
+        # policy admits none into an empty engine) or a dispatch (busy) changes that.
         self._busy = [
             (engine.now, position)
             for position, engine in enumerate(self.engines)
@@ -144,38 +220,30 @@ class Fleet:
         ]
         heapq.heapify(self._busy)
         while True:
-            arrival_time = arrivals[next_arrival][1].t if next_arrival < len(arrivals) else None
-            engine_time = self._busy[0][0] if self._busy else None
-            if arrival_time is None and engine_time is None:
+            front_time = self._front_events[0][0] if self._front_events else math.inf
+            arrival_time = arrivals[next_arrival][1].t if next_arrival < len(arrivals) else math.inf
+            engine_time = self._busy[0][0] if self._busy else math.inf
+            moment = min(front_time, arrival_time, engine_time)
+            if moment == math.inf or moment >= end:
                 break
-            if engine_time is None or (arrival_time is not None and arrival_time <= engine_time):
-                assert arrival_time is not None
-                now = arrival_time
-                if now >= end:
-                    break
+            self.now = moment
+            if front_time == moment:
+                _, _, event = heapq.heappop(self._front_events)
+                event()
+            elif arrival_time == moment:
                 index, request = arrivals[next_arrival]
-                self._dispatch(index, request)
+                self._arrive(index, request)
                 next_arrival += 1
             else:
-                now = engine_time
-                if now >= end:
-                    break
                 _, position = heapq.heappop(self._busy)
-                engine = self.engines[position]
-                plan = engine.step()
-                self.recorder.served_after_step(
-                    engine.now, engine.name, engine.policy.served, _charged_tenants(plan)
-                )
-                if not engine.idle() and not engine.stalled:
-                    heapq.heappush(self._busy, (engine.now, position))
+                self._step(self.engines[position])
             if progress is not None:
-                progress(now)
-        self._deliver_completions(float("inf"))
-        self.recorder.close(min(now, end) if duration is not None else now)
+                progress(moment)
+        self._drain_front_events()
+        self.recorder.close(min(self.now, end) if duration is not None else self.now)
         return self.recorder
 
-    def _dispatch(self, index: int, trace_request: TraceRequest) -> None:
-        self._deliver_completions(trace_request.t)
+    def _arrive(self, index: int, trace_request: TraceRequest) -> None:
         request = Request(
             f"q{index}",
             trace_request.tenant,
@@ -184,27 +252,85 @@ class Fleet:
             arrival=trace_request.t,
             slo=trace_request.slo,
         )
-        if self.limiter is not None and not self.limiter.allow(request.tenant, request.arrival):
+        tokens = self.tokens.tokens(trace_request.segments)
+        front_request = FrontRequest(
+            request.request_id,
+            request.tenant,
+            tokens,
+            request.prompt_tokens,
+            request.max_tokens,
+            self.config.limits_of(request.tenant),
+            arrival=request.arrival,
+        )
+        try:
+            flight = self.front.arrive(front_request)
+        except Rejection:
             self.recorder.rejected(request)
             return
-        tokens = self.tokens.tokens(trace_request.segments)
-        worker = self.router.route(
-            RouteRequest(request.request_id, request.tenant, tokens, request.prompt_tokens)
-        )
-        position = self._positions[worker]
+        self.recorder.arrived(request)
+        self._trace[request.request_id] = (trace_request, tokens)
+        flight.context = request
+        self._flights[request.request_id] = flight
+        if flight.queued:
+            self._at(self.now + self.front.queue_timeout, lambda: self._expire(flight))
+        else:
+            self._submit(flight)
+
+    def _submit(self, flight: Flight) -> None:
+        """Hand a dispatched flight to its worker's engine, now."""
+        request: Request = flight.context
+        if flight.settled:  # released, but no worker could take it
+            self._forget(request, rejected=True)
+            return
+        assert flight.decision is not None
+        trace_request, tokens = self._trace.pop(request.request_id)
+        position = self._positions[flight.decision.worker]
         engine = self.engines[position]
         was_idle = engine.idle() or engine.stalled
         if was_idle:
-            engine.now = max(engine.now, trace_request.t)
-        self.recorder.arrived(request, worker)
+            engine.now = max(engine.now, self.now)
         engine.submit(request, tokens, trace_request.output_tokens)
         if was_idle:
             heapq.heappush(self._busy, (engine.now, position))
 
-    def _deliver_completions(self, until: float) -> None:
-        while self._completions and self._completions[0][0] <= until:
-            _, _, request_id, output_tokens = heapq.heappop(self._completions)
-            self.router.complete(request_id, output_tokens)
+    def _expire(self, flight: Flight) -> None:
+        if flight.expire() is not None:
+            self._trace.pop(flight.request_id, None)
+            self._forget(flight.context, rejected=True)
+
+    def _forget(self, request: Request, rejected: bool) -> None:
+        self._flights.pop(request.request_id, None)
+        if rejected:
+            self.recorder.expired(request, self.now)
+
+    def _step(self, engine: SimEngine) -> None:
+        plan = engine.step()
+        self.recorder.served_after_step(
+            engine.now, engine.name, engine.policy.served, _charged_tenants(plan)
+        )
+        if not engine.idle() and not engine.stalled:
+            heapq.heappush(self._busy, (engine.now, self._positions[engine.name]))
+        if self.front.saturation is not None:
+            self.front.update_load(
+                engine.name,
+                kv_usage=engine.memory_utilization,
+                waiting=engine.policy.waiting_count,
+            )
+
+    def _join(self, workers: list[str]) -> None:
+        self.front.set_rotation(workers)
+
+    def _at(self, time: float, event: Callable[[], None]) -> None:
+        self._sequence += 1
+        heapq.heappush(self._front_events, (time, self._sequence, event))
+
+    def _drain_front_events(self) -> None:
+        """Deliver what is left when the run ends (completions after `duration`), in time
+        order, so that the front's ledgers end consistent."""
+        while self._front_events:
+            moment, _, event = heapq.heappop(self._front_events)
+            self.now = max(self.now, moment)
+            event()
 
     def _check_fits(self, trace: Sequence[TraceRequest]) -> None:
         blocks_for = self.engines[0].blocks_for
@@ -226,17 +352,21 @@ class Fleet:
         self.recorder.preempted(request, engine.now)
 
     def finished(self, engine: SimEngine, completion: Completion) -> None:
-        self._sequence += 1
-        heapq.heappush(
-            self._completions,
-            (
-                completion.finished_at,
-                self._sequence,
-                completion.request.request_id,
-                completion.output_tokens,
-            ),
-        )
+        """The engine finished a request at `completion.finished_at` (its clock may be ahead
+        of the fleet's): the front settles it then."""
         self.recorder.finished(completion)
+        flight = self._flights.pop(completion.request.request_id)
+        usage = Usage(
+            completion.request.prompt_tokens,
+            completion.cached_tokens,
+            completion.output_tokens,
+        )
+        outcome = Outcome(200, usage, first_token_at=completion.first_token_at)
+
+        def settle() -> None:
+            flight.settle(outcome)
+
+        self._at(completion.finished_at, settle)
 
     def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None:
         self.router.evicted(tokens, engine.name, keep)

@@ -66,7 +66,8 @@ class Recorder:
 
     # ------------------------------------------------------------------ events
 
-    def arrived(self, request: Request, worker: str) -> None:
+    def arrived(self, request: Request) -> None:
+        """Admitted by the front (dispatched, or waiting in its queue): backlogged."""
         tenant = self.tenants[request.tenant]
         tenant.requests += 1
         self._waiting_changed(request.tenant, +1, request.arrival)
@@ -76,6 +77,11 @@ class Recorder:
         tenant = self.tenants[request.tenant]
         tenant.requests += 1
         tenant.rejected += 1
+
+    def expired(self, request: Request, time: float) -> None:
+        """Left the front's queue without being served (its queue timeout): refused."""
+        self.tenants[request.tenant].rejected += 1
+        self._waiting_changed(request.tenant, -1, time)
 
     def admitted(self, request: Request, time: float) -> None:
         self._waiting_changed(request.tenant, -1, time)

@@ -13,8 +13,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from fairpool.api.manifests import load_tenant_quotas
+from fairpool.api.inference_pool import InferencePoolSpec
+from fairpool.api.manifests import load_manifests, load_tenant_quotas
 from fairpool.api.tenant_quota import tenant_weights
+from fairpool.front import tokens_for_chars
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.fleet import Fleet, FleetConfig
@@ -25,11 +27,14 @@ from fairpool.sim.trace import TraceRequest, read_trace, write_trace
 
 @dataclass(frozen=True)
 class SimOptions:
+    """What `fairpool sim` was asked. Workers, policy, router and quanta left None come
+    from `pool` (an InferencePool manifest) when one is given, else from the defaults."""
+
     trace: str | None = None
     workload: str | None = None
-    workers: int = 1
-    policy: str = "dlpm"
-    router: str = "d2lpm"
+    workers: int | None = None
+    policy: str | None = None
+    router: str | None = None
     profile: str = "llama2-7b-a10g"
     memory_tokens: int | None = None
     block_size: int | None = None
@@ -39,6 +44,7 @@ class SimOptions:
     duration: float | None = None
     seed: int = 0
     rpm_limit: int | None = None
+    pool: str | None = None
     workload_params: dict[str, object] = field(default_factory=dict)
 
 
@@ -66,38 +72,75 @@ def simulate(
     progress: Callable[[float], None] | None = None,
 ) -> tuple[Fleet, dict[str, Any]]:
     """Run the fleet; returns it and the summary in the `--json` format."""
-    profile = get_profile(options.profile)
-    weights = (
-        TenantWeights(tenant_weights(load_tenant_quotas(options.tenants)))
-        if options.tenants
-        else TenantWeights()
-    )
-    config = FleetConfig.from_profile(
-        profile,
-        options.memory_tokens,
-        options.block_size,
-        workers=options.workers,
-        policy=options.policy,
-        router=options.router,
-        quantum=options.quantum,
-        worker_quantum=options.worker_quantum,
-        weights=weights,
-        rpm_limit=options.rpm_limit,
-    )
+    config = fleet_config(options)
     fleet = Fleet(config, seed=options.seed)
     recorder = fleet.run(requests, duration=options.duration, progress=progress)
     tenants = sorted({request.tenant for request in requests})
     bound = fairness_bound(
-        options.policy,
-        options.router,
-        options.workers,
+        config.policy,
+        config.router,
+        config.workers,
         max((request.prompt_tokens for request in requests), default=0),
         config.memory_tokens,
         config.cost,
-        [weights[tenant] for tenant in tenants],
-        options.quantum,
+        [config.weights[tenant] for tenant in tenants],
+        config.quantum,
     )
     return fleet, recorder.summary(fairness_bound=bound)
+
+
+def fleet_config(options: SimOptions) -> FleetConfig:
+    """The fleet `options` describe: the profile's engines; tenants' weights and hard
+    limits from TenantQuota YAML; the pool's scheduler, routing (the gateway's saturation
+    thresholds, fair queue and timeout included) and replicas from an InferencePool
+    manifest; and flags given explicitly over both."""
+    profile = get_profile(options.profile)
+    quotas = load_tenant_quotas(options.tenants) if options.tenants else []
+    settings: dict[str, Any] = {
+        "weights": TenantWeights(tenant_weights(quotas)),
+        "limits": {quota.tenant: quota.spec.limits for quota in quotas},
+        "rpm_limit": options.rpm_limit,
+    }
+    if options.pool is not None:
+        settings.update(pool_settings(load_pool(options.pool)))
+    explicit = {
+        "workers": options.workers,
+        "policy": options.policy,
+        "router": options.router,
+        "quantum": options.quantum,
+        "worker_quantum": options.worker_quantum,
+    }
+    settings.update({name: value for name, value in explicit.items() if value is not None})
+    return FleetConfig.from_profile(profile, options.memory_tokens, options.block_size, **settings)
+
+
+def load_pool(path: str) -> InferencePoolSpec:
+    """The one InferencePool of a manifest file."""
+    pools = load_manifests(path, option="--pool").pools
+    if len(pools) != 1:
+        raise ConfigError("--pool", f"{path} must hold exactly one InferencePool, not {len(pools)}")
+    return pools[0].spec
+
+
+def pool_settings(spec: InferencePoolSpec) -> dict[str, Any]:
+    """FleetConfig settings of a deployed pool: what its engines and its gateway front do."""
+    if spec.placement is not None:
+        raise ConfigError(
+            "--pool", "pipeline pools (spec.placement) are not simulated by fairpool sim"
+        )
+    scheduler, routing = spec.scheduler, spec.routing
+    return {
+        "workers": max(spec.replicas, 1),
+        "policy": scheduler.policy + ("+memsafe" if scheduler.memory_safe else ""),
+        "quantum": scheduler.quantum,
+        "cost": scheduler.cost.model(),
+        "router": routing.policy,
+        "worker_quantum": routing.worker_quantum,
+        "min_match": tokens_for_chars(routing.min_match_chars),
+        "saturation": routing.saturation,
+        "queue_policy": routing.queue_policy,
+        "queue_timeout": routing.queue_timeout_seconds,
+    }
 
 
 def run_command(
@@ -115,22 +158,23 @@ def run_command(
     horizon = options.duration or max(request.t for request in requests)
     with _LazyProgress(horizon) as progress:
         fleet, summary = simulate(options, requests, progress.update)
-    console.print(summary_table(options, summary))
+    console.print(summary_table(options, fleet.config, summary))
     if json_out:
         Path(json_out).write_text(json.dumps(summary, indent=2) + "\n")
     if plot_out:
         from fairpool.sim.plots import plot_fleet_run
 
-        title = f"{options.policy} × {options.router}, {options.workers} worker(s)"
+        config = fleet.config
+        title = f"{config.policy} × {config.router}, {config.workers} worker(s)"
         console.print(f"plot: {plot_fleet_run(fleet.recorder, plot_out, title)}")
     return summary
 
 
-def summary_table(options: SimOptions, summary: dict[str, Any]) -> Table:
+def summary_table(options: SimOptions, config: FleetConfig, summary: dict[str, Any]) -> Table:
     source = options.trace or options.workload
     title = (
-        f"{source}: {options.workers} worker(s), policy {options.policy}, "
-        f"router {options.router}, profile {options.profile}"
+        f"{source}: {config.workers} worker(s), policy {config.policy}, "
+        f"router {config.router}, profile {options.profile}"
     )
     table = Table(title=title, title_justify="left")
     columns = (

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -33,11 +33,10 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayTenant
-from fairpool.sched.errors import ConfigError
+from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcome, Rejection
 from fairpool_gateway.gateway import Gateway
-from fairpool_gateway.limits import Rejection, Ticket
 from fairpool_gateway.openapi import openapi_document
-from fairpool_gateway.pool import Dispatch, Pool
+from fairpool_gateway.pool import Pool, hold
 from fairpool_gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,7 +48,6 @@ from fairpool_gateway.protocol import (
 from fairpool_gateway.proxy import (
     StreamRelay,
     UpstreamFailed,
-    Usage,
     read_whole,
     send,
     upstream_body,
@@ -59,7 +57,6 @@ from fairpool_gateway.proxy import (
 T = TypeVar("T")
 log = logging.getLogger("fairpool.gateway")
 REQUEST_ID = "x-request-id"
-CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
 
 
 # ---------------------------------------------------------------------- tenant API
@@ -131,7 +128,7 @@ def error_response(error: GatewayError, request_id: str | None) -> Response:
 
 @dataclass
 class Exchange:
-    """One request on its way through the gateway, and what it was charged."""
+    """One request on its way through the gateway."""
 
     gateway: Gateway
     request_id: str
@@ -140,8 +137,8 @@ class Exchange:
     tenant: GatewayTenant | None = None
     pool: Pool | None = None
     parsed: ParsedRequest | None = None
-    ticket: Ticket | None = None
-    dispatch: Dispatch | None = None
+    flight: Flight | None = None
+    streaming: bool = False  # the answer's stream settles the flight from here on
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -149,6 +146,11 @@ class Exchange:
             self.tenant.tenant if self.tenant else "unknown",
             self.pool.name if self.pool else "none",
         )
+
+    def settle(self, outcome: Outcome) -> None:
+        """End the request's flight (only the first call counts)."""
+        if self.flight is not None:
+            self.flight.settle(outcome)
 
 
 async def generate(
@@ -163,21 +165,75 @@ async def generate(
         exchange.parsed = parse_request(body, kind)
         exchange.pool = choose_pool(gateway, exchange.tenant, exchange.parsed.request.model)
     except GatewayError as error:
-        reject(exchange, error)
-        return error_response(error, exchange.request_id)
+        return refuse(exchange, error)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
-    response = await unless_client_leaves(request.receive, admit_and_forward(exchange))
+    response = await unless_client_leaves(request.receive, settled_on_every_path(exchange))
     return response or Response(status_code=CLIENT_CLOSED)
 
 
-async def admit_and_forward(exchange: Exchange) -> Response:
+async def settled_on_every_path(exchange: Exchange) -> Response:
+    """Admit and forward the request. Whatever happens — an answer, an error, the client
+    leaving, a bug — its flight is settled before this returns or raises, unless a stream
+    took it over (the stream settles it when it ends)."""
     try:
-        await admit(exchange)
-    except GatewayError as error:
-        reject(exchange, error)
-        return error_response(error, exchange.request_id)
+        response = await admit_and_forward(exchange)
+    except asyncio.CancelledError:
+        exchange.settle(Outcome(status=CLIENT_CLOSED, reason="client_closed"))
+        raise
+    except BaseException:
+        exchange.settle(Outcome(status=500, reason="internal_error"))
+        raise
+    if not exchange.streaming:
+        exchange.settle(Outcome(status=response.status_code, reason="unsettled"))
+    return response
+
+
+async def admit_and_forward(exchange: Exchange) -> Response:
+    """Hard limits, then the fair queue; 429 with Retry-After when either refuses."""
+    tenant, pool, parsed = exchange.tenant, exchange.pool, exchange.parsed
+    assert tenant is not None and pool is not None and parsed is not None
+    request = FrontRequest(
+        exchange.request_id,
+        tenant.tenant,
+        parsed.prompt,
+        parsed.estimated_input_tokens,
+        parsed.request.output_limit(),
+        tenant.limits,
+        arrival=exchange.arrival,
+    )
+    try:
+        exchange.flight = pool.front.arrive(request)
+        if exchange.flight.queued:
+            await hold(exchange.flight)
+            if exchange.flight.settled:  # released, but could not be routed
+                raise NoWorker(f"pool {pool.name!r} has no worker in rotation")
+    except Rejection as rejection:
+        return error_response(limit_error(rejection), exchange.request_id)
+    except NoWorker as error:
+        return error_response(unavailable(pool, str(error)), exchange.request_id)
     return await forward(exchange)
+
+
+def limit_error(rejection: Rejection) -> GatewayError:
+    return GatewayError(
+        HTTPStatus.TOO_MANY_REQUESTS,
+        rejection.message,
+        "rate_limit_exceeded",
+        code=rejection.reason,
+        headers={"Retry-After": str(max(1, math.ceil(rejection.retry_after)))},
+    )
+
+
+def unavailable(
+    pool: Pool, failure: str, status: HTTPStatus = HTTPStatus.SERVICE_UNAVAILABLE
+) -> GatewayError:
+    return GatewayError(
+        status,
+        f"No model server of pool {pool.name!r} could take the request ({failure}).",
+        "server_error",
+        code="upstream_unavailable",
+    )
 
 
 async def unless_client_leaves(receive: Receive, work: Awaitable[T]) -> T | None:
@@ -255,137 +311,75 @@ def choose_pool(gateway: Gateway, tenant: GatewayTenant, model: str) -> Pool:
     return pool
 
 
-async def admit(exchange: Exchange) -> None:
-    """Hard limits, then the fair queue; 429 with Retry-After when either refuses."""
-    tenant, pool, parsed = exchange.tenant, exchange.pool, exchange.parsed
-    assert tenant is not None and pool is not None and parsed is not None
-    estimate = parsed.estimated_input_tokens
-    output_limit = parsed.request.output_limit() or 0
-    try:
-        exchange.ticket = exchange.gateway.limiter.admit(
-            tenant.tenant, tenant.limits, estimate + output_limit
-        )
-        queued_at = time.monotonic()
-        try:
-            await pool.queue.enter(
-                exchange.request_id,
-                tenant.tenant,
-                estimate,
-                max(output_limit, 1),
-                tenant.limits.queued,
-                pool.spec.routing.queue_timeout_seconds,
-            )
-        except BaseException:
-            exchange.gateway.limiter.settle(exchange.ticket)
-            raise
-        exchange.gateway.metrics.queue_time.labels(*exchange.labels).observe(
-            time.monotonic() - queued_at
-        )
-    except Rejection as rejection:
-        raise GatewayError(
-            HTTPStatus.TOO_MANY_REQUESTS,
-            rejection.message,
-            "rate_limit_exceeded",
-            code=rejection.reason,
-            headers={"Retry-After": str(max(1, math.ceil(rejection.retry_after)))},
-        ) from None
-
-
-def reject(exchange: Exchange, error: GatewayError) -> None:
-    metrics = exchange.gateway.metrics
+def refuse(exchange: Exchange, error: GatewayError) -> Response:
+    """Answer a request refused before it reached a pool's front, and record it."""
     tenant, pool = exchange.labels
-    metrics.requests.labels(tenant, pool, str(int(error.status))).inc()
-    metrics.rejections.labels(tenant, pool, error.code or error.status.phrase).inc()
-    log.info(
-        "request refused",
-        extra={
-            "request_id": exchange.request_id,
-            "tenant": tenant,
-            "pool": pool,
-            "status": int(error.status),
-            "reason": error.code or error.status.phrase,
-        },
-    )
+    reason = error.code or error.status.phrase
+    exchange.gateway.ledger.refused(exchange.request_id, tenant, pool, int(error.status), reason)
+    return error_response(error, exchange.request_id)
 
 
 # ---------------------------------------------------------------------- forwarding
 
 
 async def forward(exchange: Exchange) -> Response:
-    """Send the admitted request to a worker and relay the answer. From here on the
-    request holds a place in the pool's queue, so every path ends in `settle`."""
+    """Send the dispatched request to its worker and relay the answer."""
     parsed = exchange.parsed
     assert parsed is not None and exchange.tenant is not None
     body = upstream_body(parsed.document, exchange.tenant.tenant, parsed.stream)
     try:
         upstream = await open_upstream(exchange, body)
     except GatewayError as error:
-        settle(exchange, None, 0, int(error.status), None)
-        reject(exchange, error)
         return error_response(error, exchange.request_id)
-    except BaseException:
-        settle(exchange, None, 0, CLIENT_CLOSED, None)
-        raise
     headers = {REQUEST_ID: exchange.request_id}
     if upstream.status >= 400 or not parsed.stream:
         return await relay_whole(exchange, upstream, headers)
     want_usage = bool(parsed.request.stream_options and parsed.request.stream_options.include_usage)
-    relay = StreamRelay(upstream, want_usage)
-    return RelayResponse(relayed(exchange, relay), headers=headers, media_type="text/event-stream")
+    flight = exchange.flight
+    assert flight is not None
+    relay = StreamRelay(upstream, want_usage, flight.observe_output)
+    exchange.streaming = True
+    return RelayResponse(exchange, relay, headers=headers, media_type="text/event-stream")
 
 
 async def open_upstream(exchange: Exchange, body: bytes) -> aiohttp.ClientResponse:
-    """The worker's response; a failure before its first byte is retried once elsewhere."""
-    gateway, pool, parsed = exchange.gateway, exchange.pool, exchange.parsed
-    assert pool is not None and parsed is not None and exchange.tenant is not None
+    """The worker's response; a failure before its first byte is retried once elsewhere.
+    When no worker answers, the flight is settled (nothing served) and GatewayError raised."""
+    gateway, pool, parsed, flight = (
+        exchange.gateway,
+        exchange.pool,
+        exchange.parsed,
+        exchange.flight,
+    )
+    assert pool is not None and parsed is not None and flight is not None
     timeouts = gateway.config.timeouts
     timeout = upstream_timeout(
         timeouts.connect, timeouts.idle if parsed.stream else timeouts.first_byte
     )
     failure = "no worker in rotation"
+    status = HTTPStatus.SERVICE_UNAVAILABLE
     for attempt in range(2):
         try:
-            exchange.dispatch = pool.dispatch(
-                exchange.request_id,
-                exchange.tenant.tenant,
-                parsed.prompt,
-                parsed.estimated_input_tokens,
-            )
-        except ConfigError:
+            decision = flight.decision or flight.redispatch()
+        except NoWorker:
             break
-        worker = exchange.dispatch.worker
-        note_dispatch(exchange)
+        worker = decision.worker
         try:
             return await send(
                 gateway.session, worker + exchange.path, body, timeout, exchange.request_id
             )
         except UpstreamFailed as error:
-            failure = f"{worker}: {error}"
+            failure, status = f"{worker}: {error}", HTTPStatus.BAD_GATEWAY
             log.warning(
                 "worker failed before the first byte",
                 extra={"request_id": exchange.request_id, "worker": worker, "error": str(error)},
             )
-            pool.complete(exchange.request_id, 0, 0)  # nothing served: refund the input
-            exchange.dispatch = None
+            flight.undispatch()  # nothing served there
             pool.worker_failed(worker, str(error))
             if attempt == 0:
                 gateway.metrics.retries.labels(pool.name).inc()
-    raise GatewayError(
-        HTTPStatus.BAD_GATEWAY if "no worker" not in failure else HTTPStatus.SERVICE_UNAVAILABLE,
-        f"No model server of pool {pool.name!r} could take the request ({failure}).",
-        "server_error",
-        code="upstream_unavailable",
-    )
-
-
-def note_dispatch(exchange: Exchange) -> None:
-    pool, dispatch, parsed = exchange.pool, exchange.dispatch, exchange.parsed
-    assert pool is not None and dispatch is not None and parsed is not None
-    metrics = exchange.gateway.metrics
-    prefix = "hit" if dispatch.matched_chars else "miss"
-    metrics.routing.labels(pool.name, dispatch.worker, prefix).inc()
-    metrics.prefix_chars.labels(pool.name, "total").inc(len(parsed.prompt))
-    metrics.prefix_chars.labels(pool.name, "matched").inc(dispatch.matched_chars)
+    flight.settle(Outcome(status=int(status), reason="upstream_unavailable"))
+    raise unavailable(pool, failure, status)
 
 
 async def relay_whole(
@@ -393,16 +387,13 @@ async def relay_whole(
 ) -> Response:
     try:
         content, usage = await read_whole(upstream)
-    except BaseException as error:
-        if not isinstance(error, UpstreamFailed):  # the client left (cancelled)
-            settle(exchange, None, 0, CLIENT_CLOSED, None)
-            raise
-        settle(exchange, None, 0, 502, None)
+    except UpstreamFailed as error:
+        exchange.settle(Outcome(status=502, reason="upstream_failed"))
         failure = GatewayError(
             HTTPStatus.BAD_GATEWAY, f"The model server failed: {error}", "server_error"
         )
         return error_response(failure, exchange.request_id)
-    settle(exchange, usage, 0, upstream.status, time.monotonic())
+    exchange.settle(Outcome(upstream.status, usage, first_token_at=time.monotonic()))
     return Response(
         content,
         status_code=upstream.status,
@@ -411,18 +402,17 @@ async def relay_whole(
     )
 
 
-async def relayed(exchange: Exchange, relay: StreamRelay) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in relay.chunks(time.monotonic):
-            yield chunk
-    finally:
-        status = 200 if relay.error is None else 502
-        settle(exchange, relay.usage, relay.output_events, status, relay.first_byte_at)
-
-
 class RelayResponse(StreamingResponse):
-    """A stream that stops, and closes the engine's stream, as soon as the client leaves
-    (whatever ASGI version the server speaks), so the engine aborts the request."""
+    """A relayed stream. It stops, and closes the engine's stream, as soon as the client
+    leaves (whatever ASGI version the server speaks), so the engine aborts the request; and
+    it settles the request's flight when it ends, however it ends."""
+
+    def __init__(
+        self, exchange: Exchange, relay: StreamRelay, headers: dict[str, str], media_type: str
+    ) -> None:
+        super().__init__(relay.chunks(time.monotonic), headers=headers, media_type=media_type)
+        self.exchange = exchange
+        self.relay = relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -430,62 +420,12 @@ class RelayResponse(StreamingResponse):
         finally:
             iterator: Any = self.body_iterator
             await iterator.aclose()
+            self.relay.close()
+            self.exchange.settle(self.relay.outcome())
 
     async def _relay(self, send: Send) -> None:
         with contextlib.suppress(OSError):  # the client went away mid-send
             await self.stream_response(send)
-
-
-def settle(
-    exchange: Exchange,
-    usage: Usage | None,
-    output_events: int,
-    status: int,
-    first_byte_at: float | None,
-) -> None:
-    """Charge the tenant for what the engine served and record the request: with the
-    engine's usage when it sent one, else the input estimate and the output relayed."""
-    gateway, pool, parsed = exchange.gateway, exchange.pool, exchange.parsed
-    assert pool is not None and parsed is not None
-    tenant, pool_name = exchange.labels
-    if usage is not None:
-        completion, uncached = usage.completion_tokens, usage.uncached_prompt_tokens
-        prompt, cached = usage.prompt_tokens, usage.cached_tokens
-    else:
-        completion, uncached = output_events, None
-        prompt, cached = parsed.estimated_input_tokens, 0
-    if exchange.dispatch is not None:
-        pool.complete(exchange.request_id, completion, uncached)
-    pool.queue.finish(exchange.request_id, prompt, cached, completion)
-    if exchange.ticket is not None:
-        gateway.limiter.settle(exchange.ticket, prompt + completion)
-    now = time.monotonic()
-    metrics = gateway.metrics
-    metrics.requests.labels(tenant, pool_name, str(status)).inc()
-    if status < 400 and exchange.dispatch is not None:
-        metrics.tokens.labels(tenant, pool_name, "prompt").inc(prompt)
-        metrics.tokens.labels(tenant, pool_name, "cached").inc(cached)
-        metrics.tokens.labels(tenant, pool_name, "completion").inc(completion)
-        metrics.service.labels(tenant, pool_name).inc(
-            pool.spec.cost.model().service(prompt - cached, completion)
-        )
-        metrics.latency.labels(tenant, pool_name).observe(now - exchange.arrival)
-        if first_byte_at is not None:
-            metrics.ttft.labels(tenant, pool_name).observe(first_byte_at - exchange.arrival)
-    log.info(
-        "request done",
-        extra={
-            "request_id": exchange.request_id,
-            "tenant": tenant,
-            "pool": pool_name,
-            "worker": exchange.dispatch.worker if exchange.dispatch else None,
-            "status": status,
-            "prompt_tokens": prompt,
-            "cached_tokens": cached,
-            "completion_tokens": completion,
-            "seconds": round(now - exchange.arrival, 4),
-        },
-    )
 
 
 # ---------------------------------------------------------------------- admin API

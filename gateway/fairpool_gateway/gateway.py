@@ -12,9 +12,9 @@ import aiohttp
 import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
+from fairpool.front import TenantLimiter
 from fairpool.sched.errors import ConfigError
-from fairpool_gateway.limits import TenantLimiter
-from fairpool_gateway.metrics import GatewayMetrics
+from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
 from fairpool_gateway.proxy import upstream_session
 from fairpool_gateway.tenants import TenantTable
@@ -28,9 +28,10 @@ class Gateway:
         self.config = config
         self.config_path = Path(config_path) if config_path else None
         self.tenants = TenantTable(config)
-        self.limiter = TenantLimiter()
+        self.limiter = TenantLimiter()  # one for all pools: a tenant's limits span them
         self.metrics = GatewayMetrics()
         self.metrics.add_state(self._deficits, self._queues, self._workers)
+        self.ledger = RequestLedger(self.metrics)
         self._session: aiohttp.ClientSession | None = None  # to the workers; made in start()
         # Health checks get their own connections: queued behind busy streams, a check
         # would time out and take a healthy worker out of rotation.
@@ -66,7 +67,7 @@ class Gateway:
     @property
     def ready(self) -> bool:
         """Every pool has a worker in rotation."""
-        return bool(self.pools) and all(pool.router.workers for pool in self.pools.values())
+        return bool(self.pools) and all(pool.front.router.workers for pool in self.pools.values())
 
     def pool_for_model(self, model: str) -> Pool | None:
         return self._by_model.get(model)
@@ -95,7 +96,7 @@ class Gateway:
                 del self.pools[name]
         for name, spec in wanted.items():
             if name not in self.pools:
-                pool = Pool(spec, config, weights, self.health_client)
+                pool = Pool(spec, config, weights, self.limiter, self.ledger, self.health_client)
                 pool.start()
                 self.pools[name] = pool
             self.pools[name].set_weights(weights)
@@ -123,9 +124,8 @@ class Gateway:
         spec = self.tenants.tenants.get(tenant)
         pools: dict[str, object] = {}
         for name, pool in self.pools.items():
-            queue = pool.queue.state().get(tenant, {})
-            deficits = {w: q for t, w, q in pool.deficits() if t == tenant}
-            pools[name] = {**queue, "deficits": deficits}
+            state = pool.front.tenant_state().get(tenant, {})
+            pools[name] = {**state, "deficits": state.get("deficits", {})}
         return {
             "tenant": tenant,
             "weight": spec.weight if spec else None,
@@ -137,12 +137,13 @@ class Gateway:
 
     def _deficits(self) -> Iterator[tuple[str, str, str, float]]:
         for name, pool in self.pools.items():
-            for tenant, worker, value in pool.deficits():
-                yield name, tenant, worker, value
+            for tenant, per_worker in pool.front.router.tenant_state().items():
+                for worker, value in per_worker.items():
+                    yield name, tenant, worker, value
 
     def _queues(self) -> Iterator[tuple[str, str, int, int, float]]:
         for name, pool in self.pools.items():
-            for tenant, state in pool.queue.state().items():
+            for tenant, state in pool.front.queue.state().items():
                 yield (
                     name,
                     tenant,

@@ -1,14 +1,26 @@
 """The gateway's Prometheus metrics, all named `fairpool_gateway_*` and labelled by tenant and
-pool. They are served on the admin port only: they name every tenant, and the tenant API
-never shows one tenant another's data."""
+pool, and its per-request log lines. They are served on the admin port only: they name
+every tenant, and the tenant API never shows one tenant another's data.
+
+`RequestLedger` is how they learn of requests: it listens to every pool's front
+(`fairpool.front.FrontListener`), so each settled request is recorded once, by the same
+settlement that charges the tenant; refusals before a request reaches a pool (a bad key, an
+unknown model) are recorded through the same `refused`.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from fairpool.front import Flight, FrontListener, FrontRequest, Rejection, Settlement
+from fairpool.sched.routers import RouteDecision
+
+log = logging.getLogger("fairpool.gateway")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -135,3 +147,72 @@ class _StateCollector(Collector):
             healthy.add_metric((pool, worker), 1.0 if up else 0.0)
             outstanding.add_metric((pool, worker), count)
         yield from (deficit, queued, in_flight, counter, healthy, outstanding)
+
+
+class RequestLedger(FrontListener):
+    """Records every request's end in the metrics and the log."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def refused(
+        self, request_id: str | None, tenant: str, pool: str, status: int, reason: str
+    ) -> None:
+        """A request refused before it was served (any status, any stage)."""
+        self.metrics.requests.labels(tenant, pool, str(status)).inc()
+        self.metrics.rejections.labels(tenant, pool, reason).inc()
+        log.info(
+            "request refused",
+            extra={
+                "request_id": request_id,
+                "tenant": tenant,
+                "pool": pool,
+                "status": status,
+                "reason": reason,
+            },
+        )
+
+    def rejected(self, pool: str, request: FrontRequest, rejection: Rejection) -> None:
+        self.refused(request.request_id, request.tenant, pool, 429, rejection.reason)
+
+    def dispatched(self, flight: Flight, decision: RouteDecision) -> None:
+        pool = flight.front.name
+        prefix = "hit" if decision.matched else "miss"
+        self.metrics.routing.labels(pool, decision.worker, prefix).inc()
+        self.metrics.prefix_chars.labels(pool, "total").inc(len(flight.request.key))
+        self.metrics.prefix_chars.labels(pool, "matched").inc(decision.matched)
+
+    def settled(self, settlement: Settlement) -> None:
+        tenant, pool, status = settlement.request.tenant, settlement.pool, settlement.status
+        if status >= 400 and settlement.reason and status != 499:
+            self.refused(settlement.request.request_id, tenant, pool, status, settlement.reason)
+        else:
+            self.metrics.requests.labels(tenant, pool, str(status)).inc()
+        if settlement.dispatched_at is not None:
+            waited = settlement.dispatched_at - settlement.arrival
+            self.metrics.queue_time.labels(tenant, pool).observe(waited)
+        if settlement.worker is not None and status < 400:
+            tokens = self.metrics.tokens
+            tokens.labels(tenant, pool, "prompt").inc(settlement.prompt_tokens)
+            tokens.labels(tenant, pool, "cached").inc(settlement.cached_tokens)
+            tokens.labels(tenant, pool, "completion").inc(settlement.completion_tokens)
+            self.metrics.service.labels(tenant, pool).inc(settlement.service)
+            elapsed = settlement.finished_at - settlement.arrival
+            self.metrics.latency.labels(tenant, pool).observe(elapsed)
+            if settlement.first_token_at is not None:
+                ttft = settlement.first_token_at - settlement.arrival
+                self.metrics.ttft.labels(tenant, pool).observe(ttft)
+        log.info(
+            "request done",
+            extra={
+                "request_id": settlement.request.request_id,
+                "tenant": tenant,
+                "pool": pool,
+                "worker": settlement.worker,
+                "status": status,
+                "prompt_tokens": settlement.prompt_tokens,
+                "cached_tokens": settlement.cached_tokens,
+                "completion_tokens": settlement.completion_tokens,
+                "seconds": round(settlement.finished_at - settlement.arrival, 4),
+            },
+        )

@@ -16,8 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-#: Characters per token, for estimating a prompt's size before the engine counts it.
-CHARS_PER_TOKEN = 4
+from fairpool.front import tokens_for_chars
 
 
 class GatewayError(Exception):
@@ -67,6 +66,11 @@ class GenerationRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling.")
     top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling.")
     user: str | None = Field(default=None, description="End-user id, passed on.")
+    vllm_xargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra arguments for the engine (vLLM's); `fairpool_*` keys are the "
+        "gateway's and replaced.",
+    )
 
     def prompt_text(self) -> str:
         raise NotImplementedError
@@ -138,7 +142,7 @@ class ParsedRequest:
 
     @property
     def estimated_input_tokens(self) -> int:
-        return max(1, -(-len(self.prompt) // CHARS_PER_TOKEN))
+        return max(1, tokens_for_chars(len(self.prompt)))
 
 
 def parse_request(body: bytes, kind: type[GenerationRequest]) -> ParsedRequest:

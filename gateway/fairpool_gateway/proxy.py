@@ -13,45 +13,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 
 from fairpool.api.scheduler_config import TENANT_XARG, XARG_PREFIX
+from fairpool.front import CLIENT_CLOSED, Outcome, Usage
 
 SSE_DONE = b"data: [DONE]\n\n"
 _USAGE_ONLY = b'"choices":[]'
 _TAIL = 8192  # bytes of a stream kept to find its usage chunk at the end
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def uncached_prompt_tokens(self) -> int:
-        return max(self.prompt_tokens - self.cached_tokens, 0)
-
-    @classmethod
-    def parse(cls, document: Any) -> Usage | None:
-        if not isinstance(document, dict):
-            return None
-        usage = document.get("usage")
-        if not isinstance(usage, dict):
-            return None
-        details = usage.get("prompt_tokens_details") or {}
-        try:
-            return cls(
-                int(usage.get("prompt_tokens") or 0),
-                int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
-                int(usage.get("completion_tokens") or 0),
-            )
-        except (TypeError, ValueError):
-            return None
+def parse_usage(document: Any) -> Usage | None:
+    """The `usage` of an engine's answer (OpenAI's shape), or None if it has none."""
+    if not isinstance(document, dict):
+        return None
+    usage = document.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    try:
+        return Usage(
+            int(usage.get("prompt_tokens") or 0),
+            int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+            int(usage.get("completion_tokens") or 0),
+        )
+    except (TypeError, ValueError):
+        return None
 
 
 class UpstreamFailed(Exception):
@@ -125,41 +115,68 @@ async def read_whole(response: aiohttp.ClientResponse) -> tuple[bytes, Usage | N
     finally:
         response.release()  # back to the pool if read whole; closed otherwise
     try:
-        usage = Usage.parse(json.loads(content))
+        usage = parse_usage(json.loads(content))
     except ValueError:
         usage = None
     return content, usage
 
 
 class StreamRelay:
-    """Relays an SSE answer and keeps what it served: events seen, the usage chunk, and
-    whether the stream ended cleanly."""
+    """Relays an SSE answer and keeps what it served: events seen (each about one token,
+    told to `on_output` as they pass), the usage chunk, and how the stream ended."""
 
-    def __init__(self, response: aiohttp.ClientResponse, client_wants_usage: bool) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        client_wants_usage: bool,
+        on_output: Callable[[int], None] | None = None,
+    ) -> None:
         self.response = response
         self.client_wants_usage = client_wants_usage
+        self.on_output = on_output
         self.output_events = 0  # data events with output, about one token each
         self.usage: Usage | None = None
         self.error: str | None = None
+        self.complete = False  # the engine's stream ended and was relayed whole
         self.first_byte_at: float | None = None
         self._tail = b""
 
-    async def chunks(self, clock: Any) -> AsyncIterator[bytes]:
-        complete = False
+    def outcome(self) -> Outcome:
+        """How the relayed request ended: a failed engine (502), a client that left before
+        the end (499), or answered (200); with the engine's usage when it sent it."""
+        if self.error is not None:
+            status, reason = 502, "upstream_failed"
+        elif not self.complete:
+            status, reason = CLIENT_CLOSED, "client_closed"
+        else:
+            status, reason = 200, None
+        return Outcome(status, self.usage, self.first_byte_at, reason)
+
+    def close(self) -> None:
+        """Close the engine's stream if it was not relayed whole (also when `chunks` never
+        started), so the engine aborts the request."""
+        if not self.complete:
+            self.response.close()
+
+    async def chunks(self, clock: Callable[[], float]) -> AsyncIterator[bytes]:
         try:
             async for chunk in self.response.content.iter_any():
                 if self.first_byte_at is None:
                     self.first_byte_at = clock()
-                self.output_events += (
+                events = (
                     chunk.count(b"data: ") - chunk.count(b"data: [DONE]") - chunk.count(_USAGE_ONLY)
                 )
+                if events > 0:
+                    self.output_events += events
+                    if self.on_output is not None:
+                        self.on_output(events)
                 self._tail = (self._tail + chunk)[-_TAIL:]
                 if not self.client_wants_usage and _USAGE_ONLY in chunk:
                     chunk = _without_usage_events(chunk)
                     if not chunk:
                         continue
                 yield chunk
-            complete = True
+            self.complete = True
         except UPSTREAM_ERRORS as error:
             self.error = f"{type(error).__name__}: {error}"
             yield _error_event(f"The model server failed mid-stream ({type(error).__name__}).")
@@ -167,7 +184,7 @@ class StreamRelay:
         finally:
             # Whole: the connection goes back to the pool. Cut short (the client left):
             # closing it makes the engine abort the request.
-            if complete:
+            if self.complete:
                 self.response.release()
             else:
                 self.response.close()
@@ -184,7 +201,7 @@ def _last_usage(tail: bytes) -> Usage | None:
     for event in reversed(tail.split(b"\n\n")):
         if event.startswith(b"data: {") and b'"usage":{' in event:
             try:
-                return Usage.parse(json.loads(event[6:]))
+                return parse_usage(json.loads(event[6:]))
             except ValueError:
                 return None
     return None

@@ -40,13 +40,11 @@ LOAD_METRICS = frozenset({WAITING, RUNNING, KV_USAGE, KV_USAGE_BEFORE_V0_10})
 
 @dataclass
 class WorkerHealth:
-    """What the monitor knows of one worker."""
+    """What the monitor knows of one worker's health. Its load is not kept here: each read
+    goes to `on_change`, and the pool's router owns it (`fairpool.sched.routers.WorkerState`)."""
 
     url: str
     healthy: bool = False  # in rotation
-    waiting: int = 0  # vllm:num_requests_waiting, summed over label sets (engines)
-    running: int = 0  # vllm:num_requests_running, summed over label sets
-    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1), averaged over label sets
     consecutive_failures: int = 0  # failed health checks (and proxy reports) since the last good
     last_error: str | None = None  # the most recent failure; kept after recovery
     last_ok: float | None = None  # monotonic time of the last good health check
@@ -54,7 +52,8 @@ class WorkerHealth:
 
 @dataclass(frozen=True)
 class Load:
-    """A worker's load, as its /metrics page reports it."""
+    """A worker's load, as its /metrics page reports it: requests waiting and running,
+    summed over label sets (engines), and the KV cache's use (0..1), averaged."""
 
     waiting: int
     running: int
@@ -102,11 +101,12 @@ def describe(error: BaseException) -> str:
 class WorkerMonitor:
     """Polls the health and load of a pool's workers; see the module's docstring.
 
-    `on_change(worker)` is called, on the event loop, when a worker enters or leaves
-    rotation (also when a worker in rotation is removed from the pool) or when its load
-    changes. Give the monitor an `httpx.AsyncClient` of its own, or one whose connection
-    limits the proxy's streams cannot exhaust: a check waiting for a free connection counts
-    against its timeout.
+    `on_change(worker, load)` is called, on the event loop, when a worker enters or leaves
+    rotation (also when a worker in rotation is removed from the pool), and after every
+    read of a healthy worker's load; `load` is the load just read (None when the call is
+    about rotation only). A worker enters rotation with its load. Give the monitor an
+    `httpx.AsyncClient` of its own, or one whose connection limits the proxy's streams
+    cannot exhaust: a check waiting for a free connection counts against its timeout.
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class WorkerMonitor:
         client: httpx.AsyncClient,
         interval: float = 0.5,
         timeout: float = 1.0,
-        on_change: Callable[[WorkerHealth], None] | None = None,
+        on_change: Callable[[WorkerHealth, Load | None], None] | None = None,
     ) -> None:
         self.workers: dict[str, WorkerHealth] = {}
         self._client = client
@@ -230,9 +230,9 @@ class WorkerMonitor:
         worker.consecutive_failures = 0
         worker.last_ok = time.monotonic()
         if read_load_now or not worker.healthy:
-            load_changed = await self._read_load(worker)
+            load = await self._read_load(worker)
             if self._is_member(worker) and not self._reported_since(worker.url, started):
-                self._mark_up(worker, load_changed)
+                self._mark_up(worker, load)
         elif worker.url not in self._reads:
             self._track(
                 self._reads, worker.url, asyncio.create_task(self._read_load_guarded(worker))
@@ -252,16 +252,16 @@ class WorkerMonitor:
         return None
 
     async def _read_load_guarded(self, worker: WorkerHealth) -> None:
-        """Read the load in the background; tell on_change when it changed."""
+        """Read the load in the background and tell on_change."""
         try:
-            if await self._read_load(worker) and self._is_member(worker):
-                self._notify(worker)
+            load = await self._read_load(worker)
+            if load is not None and self._is_member(worker) and worker.healthy:
+                self._notify(worker, load)
         except Exception:
             log.exception("reading the load of worker %s failed unexpectedly", shown(worker.url))
 
-    async def _read_load(self, worker: WorkerHealth) -> bool:
-        """Read `GET /metrics` into `worker`; whether the load changed. A failure is logged and
-        leaves the last known load."""
+    async def _read_load(self, worker: WorkerHealth) -> Load | None:
+        """Read `GET /metrics`; None when that failed (logged: the last known load stays)."""
         try:
             async with asyncio.timeout(self.timeout):
                 response = await self._client.get(f"{worker.url}/metrics")
@@ -269,16 +269,14 @@ class WorkerMonitor:
             load = parse_load(response.text)
         except TimeoutError:
             self._metrics_failed(worker, f"/metrics gave no answer within {self.timeout:g} s")
-            return False
+            return None
         except (httpx.HTTPError, ValueError) as error:
             self._metrics_failed(worker, f"/metrics: {describe(error)}")
-            return False
+            return None
         if worker.url in self._metrics_failing:
             self._metrics_failing.discard(worker.url)
             log.info("worker %s: /metrics readable again", shown(worker.url))
-        old = (worker.waiting, worker.running, worker.kv_usage)
-        worker.waiting, worker.running, worker.kv_usage = load.waiting, load.running, load.kv_usage
-        return old != (worker.waiting, worker.running, worker.kv_usage)
+        return load
 
     def _metrics_failed(self, worker: WorkerHealth, error: str) -> None:
         worker.last_error = error
@@ -287,13 +285,13 @@ class WorkerMonitor:
         level = logging.WARNING if first else logging.DEBUG
         log.log(level, "worker %s: %s; keeping its last known load", shown(worker.url), error)
 
-    def _mark_up(self, worker: WorkerHealth, load_changed: bool) -> None:
+    def _mark_up(self, worker: WorkerHealth, load: Load | None) -> None:
         entered = not worker.healthy
         worker.healthy = True
         if entered:
             log.info("worker %s is healthy: in rotation", shown(worker.url))
-        if entered or load_changed:
-            self._notify(worker)
+        if entered or load is not None:
+            self._notify(worker, load)
 
     def _mark_down(self, worker: WorkerHealth, error: str, reported: bool = False) -> None:
         worker.consecutive_failures += 1
@@ -302,7 +300,7 @@ class WorkerMonitor:
         if worker.healthy:
             worker.healthy = False
             log.warning("worker %s out of rotation: %s: %s", shown(worker.url), source, error)
-            self._notify(worker)
+            self._notify(worker, None)
         elif worker.consecutive_failures == 1:
             log.info("worker %s not healthy yet: %s: %s", shown(worker.url), source, error)
         else:
@@ -320,7 +318,7 @@ class WorkerMonitor:
         log.info("worker %s left the pool", shown(url))
         if worker.healthy:
             worker.healthy = False
-            self._notify(worker)
+            self._notify(worker, None)
 
     def _is_member(self, worker: WorkerHealth) -> bool:
         """Whether `worker` is still the pool's record for its URL (not removed meanwhile)."""
@@ -329,10 +327,10 @@ class WorkerMonitor:
     def _reported_since(self, url: str, moment: float) -> bool:
         return self._reported.get(url, -math.inf) >= moment
 
-    def _notify(self, worker: WorkerHealth) -> None:
+    def _notify(self, worker: WorkerHealth, load: Load | None) -> None:
         if self._on_change is None:
             return
         try:
-            self._on_change(worker)
+            self._on_change(worker, load)
         except Exception:
             log.exception("on_change failed for worker %s", shown(worker.url))

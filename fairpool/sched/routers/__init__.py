@@ -1,6 +1,12 @@
 """Routers: which worker of a pool gets a request."""
 
-from fairpool.sched.routers.base import PrefixRouter, Router, RouteRequest, WorkerState
+from fairpool.sched.routers.base import (
+    PrefixRouter,
+    RouteDecision,
+    Router,
+    RouteRequest,
+    WorkerState,
+)
 from fairpool.sched.routers.cache_aware import CacheAware
 from fairpool.sched.routers.d2lpm import D2LPM
 from fairpool.sched.routers.jffc import JFFC, ChainProfile
@@ -14,6 +20,7 @@ __all__ = [
     "LeastLoad",
     "PrefixRouter",
     "RoundRobin",
+    "RouteDecision",
     "RouteRequest",
     "Router",
     "WorkerState",

@@ -3,13 +3,17 @@
 A router tracks the pool's workers (outstanding requests it dispatched, KV usage the
 engines report), and is told of dispatches, completions and cache evictions:
 
-- `route(request)` picks a worker and counts the request as outstanding there;
+- `route(request)` picks a worker, counts the request as outstanding there and returns the
+  decision: the worker, and how much of the key its cache holds (as far as the router
+  knows) before this request;
 - `complete(request_id, output_tokens, uncached_input)` when the answer is done (or failed),
   with the engine's count of prompt tokens it did not find cached, if it reported one;
 - `evicted(key, worker)` when a worker reports a prefix gone from its cache;
 - `update_load(worker, ...)` with what a worker's metrics say;
 - `add_worker` / `remove_worker` as the pool changes;
-- `room(worker)` for routers that cap a worker's concurrency (JFFC's chain capacities).
+- `room(worker)` for routers that cap a worker's concurrency (JFFC's chain capacities);
+- `set_weights(weights)` and `tenant_state()` for routers that keep per-tenant state
+  (D2LPM's deficits); `cache_size()` for those that keep a prefix tree.
 
 Prefix-aware routers keep an approximate radix tree of the keys they routed — text at the
 gateway, token ids in the simulator — that learns from their own decisions and forgets by
@@ -23,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fairpool.sched.cost import TenantWeights, Tokens
 from fairpool.sched.errors import ConfigError, require_count, require_non_negative
 from fairpool.sched.radix import RadixTree
 
@@ -46,6 +51,17 @@ class RouteRequest:
         require_count("input_tokens", self.input_tokens, minimum=0)
 
 
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where a request goes: the worker, and the length of the request's key that the
+    router believes the worker holds in its prefix cache (0 for routers without a tree;
+    matches shorter than the router's `min_match` count as 0, as an engine cannot reuse
+    them)."""
+
+    worker: str
+    matched: int = 0
+
+
 @dataclass
 class WorkerState:
     worker_id: str
@@ -56,10 +72,12 @@ class WorkerState:
 
 
 @dataclass
-class _InFlight:
+class InFlight:
+    """A dispatched request, as the router charged it."""
+
     worker_id: str
     tenant: str
-    input_tokens: int  # charged at dispatch, as the router estimated them
+    input_tokens: int  # charged at dispatch as extend tokens, as the router estimated them
     orphaned: bool = False  # its worker left the pool while it was in flight
 
 
@@ -70,7 +88,7 @@ class Router(ABC):
 
     def __init__(self, workers: Iterable[str] = ()) -> None:
         self.workers: dict[str, WorkerState] = {}
-        self._in_flight: dict[str, _InFlight] = {}
+        self._in_flight: dict[str, InFlight] = {}
         for worker in workers:
             self.add_worker(worker)
 
@@ -101,20 +119,23 @@ class Router(ABC):
 
     # ------------------------------------------------------------------ requests
 
-    def route(self, request: RouteRequest) -> str:
+    def route(self, request: RouteRequest) -> RouteDecision:
         if not self.workers:
             raise ConfigError("workers", "the pool has no workers to route to")
         if request.request_id in self._in_flight:
             raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
         worker_id = self._choose(request)
+        # Before `_dispatched`: a prefix router learns the key there, and would then
+        # report a never-seen prompt as fully cached.
+        decision = RouteDecision(worker_id, self._matched(request, worker_id))
         state = self.workers[worker_id]
         state.outstanding += 1
         state.dispatched += 1
-        self._in_flight[request.request_id] = _InFlight(
+        self._in_flight[request.request_id] = InFlight(
             worker_id, request.tenant, request.input_tokens
         )
         self._dispatched(request, worker_id)
-        return worker_id
+        return decision
 
     def complete(
         self, request_id: str, output_tokens: int = 0, uncached_input: int | None = None
@@ -131,8 +152,7 @@ class Router(ABC):
         if flight.orphaned:
             return
         self.workers[flight.worker_id].outstanding -= 1
-        input_correction = 0 if uncached_input is None else uncached_input - flight.input_tokens
-        self._completed(flight.tenant, flight.worker_id, output_tokens, input_correction)
+        self._completed(flight, Tokens(extend=uncached_input, output=output_tokens))
 
     def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:
         """`worker_id` dropped `key` (beyond `keep` elements) from its prefix cache."""
@@ -140,6 +160,18 @@ class Router(ABC):
     def room(self, worker_id: str) -> int | None:
         """More requests `worker_id` may take now; None when the router sets no limit
         (the gateway's saturation thresholds still apply)."""
+        return None
+
+    def set_weights(self, weights: TenantWeights) -> None:
+        """New tenant weights (a reloaded tenant table), for routers that use them."""
+
+    def tenant_state(self) -> dict[str, dict[str, float]]:
+        """Per tenant, per worker, the quantity the router balances tenants by (D2LPM's
+        deficit q[tenant, worker]); {} for routers that keep none."""
+        return {}
+
+    def cache_size(self) -> int | None:
+        """Elements of keys the router's prefix tree holds; None without a tree."""
         return None
 
     def has_room(self) -> bool:
@@ -159,11 +191,14 @@ class Router(ABC):
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
         """`request` was sent to `worker_id`."""
 
-    def _completed(
-        self, tenant: str, worker_id: str, output_tokens: int, input_correction: int
-    ) -> None:
-        """A request of `tenant` on `worker_id` completed; its input was
-        `input_correction` tokens more (or, negative, fewer) than charged at dispatch."""
+    def _matched(self, request: RouteRequest, worker_id: str) -> int:
+        """How much of `request.key` the router believes `worker_id` holds (not yet
+        counting `request` itself)."""
+        return 0
+
+    def _completed(self, flight: InFlight, served: Tokens) -> None:
+        """`flight` completed having been served `served` (its extend tokens unknown when
+        the engine did not report them); it was charged `flight.input_tokens` at dispatch."""
 
     def _least_loaded(self, candidates: Iterable[str]) -> str:
         """Fewest outstanding requests; ties by KV usage, then fewest ever dispatched."""
@@ -205,6 +240,13 @@ class PrefixRouter(Router):
 
     def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:
         self.tree.evict(key, worker_id, keep)
+
+    def cache_size(self) -> int:
+        return len(self.tree)
+
+    def _matched(self, request: RouteRequest, worker_id: str) -> int:
+        matched = self.tree.match_length(request.key, worker_id)
+        return matched if matched >= self.min_match else 0
 
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
         self.tree.insert(request.key, worker_id)

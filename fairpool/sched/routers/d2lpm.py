@@ -36,10 +36,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping
 
-from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.cost import CostModel, TenantWeights, Tokens
 from fairpool.sched.errors import require_positive
 from fairpool.sched.policies.dlpm import refills_to_credit
-from fairpool.sched.routers.base import DEFAULT_TREE_TOKENS, PrefixRouter, RouteRequest
+from fairpool.sched.routers.base import DEFAULT_TREE_TOKENS, InFlight, PrefixRouter, RouteRequest
 
 DEFAULT_WORKER_QUANTUM = 8192.0
 
@@ -154,11 +154,16 @@ class D2LPM(PrefixRouter):
         super()._dispatched(request, worker_id)
         self.deficits[request.tenant].charge(worker_id, self.cost.service(request.input_tokens, 0))
 
-    def _completed(
-        self, tenant: str, worker_id: str, output_tokens: int, input_correction: int
-    ) -> None:
-        service = self.cost.decode(output_tokens) + self.cost.extend_weight * input_correction
-        self.deficits[tenant].charge(worker_id, service)
+    def _completed(self, flight: InFlight, served: Tokens) -> None:
+        charged = Tokens(extend=flight.input_tokens, output=0)
+        service = self.cost.correction(charged, served)
+        self.deficits[flight.tenant].charge(flight.worker_id, service)
+
+    def set_weights(self, weights: TenantWeights) -> None:
+        self.weights = weights
+
+    def tenant_state(self) -> dict[str, dict[str, float]]:
+        return {tenant: dict(deficits) for tenant, deficits in self.deficits.items()}
 
     def add_worker(self, worker_id: str) -> None:
         joins = worker_id not in self.workers

@@ -1,11 +1,13 @@
-"""Hard per-tenant limits, enforced on a request's arrival at the gateway.
+"""Hard per-tenant limits, enforced on a request's arrival at a pool's front.
 
 Three limits from the tenant's `TenantLimits`, each absent meaning unlimited:
 requests per minute and tokens per minute over sliding 60-second windows
 (`fairpool.sched.limits.SlidingWindow`), and requests in progress at once. A request that
 breaks one is refused with a `Rejection` (HTTP 429) carrying its Retry-After and is counted
 nowhere. An admitted request holds a `Ticket` until `settle`, which also replaces its token
-estimate with the tokens the engine reported.
+estimate with the tokens the engine reported. The requests-per-minute limit is also VTC's
+RPM baseline (Sheng et al., OSDI'24, §5.1: its artifact rejects a request when the client
+already has `limit` requests in the trailing 60 seconds), which the simulator runs.
 
 The limits are passed to every call rather than stored, so a reloaded tenant table applies
 at once. Memory stays bounded: windows prune on every call, and tenants with nothing in

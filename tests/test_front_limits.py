@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fairpool.api.tenant_quota import TenantLimits
+from fairpool.front.limits import Rejection, TenantLimiter
 from fairpool.sched.limits import SlidingWindow
-from fairpool_gateway.limits import Rejection, TenantLimiter
 
 
 class FakeClock:

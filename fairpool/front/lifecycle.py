@@ -1,0 +1,554 @@
+"""A pool's front: the one request lifecycle every front end runs.
+
+Admit (hard limits) → hold (the fair queue, while the pool is saturated) → route (the
+router's decision) → dispatch → observe output → settle with the engine's reported usage.
+`PoolFront` owns these steps for one pool, with an injected clock and no network code:
+the gateway wraps it in HTTP, and the simulator's fleet runs the same object in virtual
+time, so a simulation shows what a deployed gateway configuration does.
+
+A request becomes a `Flight` when the limits admit it. A flight is either dispatched at
+once (there is room and nobody waits) or queued; a queued flight is dispatched when the
+fair queue releases it — routing happens at release, so capacity is counted exactly —
+and the front end hears of it through `on_release`. Every flight ends in exactly one
+`settle`, whatever happened (answered, failed, cancelled, timed out in the queue), and
+settlement is the only place ledgers change: the router's deficits and outstanding
+counts, the fair queue's counters, the limiter's windows and concurrency, and whatever
+the front end subscribed (metrics, logs, the simulator's recorder).
+
+What a settlement charges:
+
+- the engine reported usage: exactly that (prompt, cached prompt, completion tokens);
+- dispatched, no usage (the stream was cut, the client left): the input estimate and the
+  output observed, as the router and the queue charged them so far;
+- never served (queued until it left, or no worker took it): nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairpool.api.inference_pool import RoutingSpec, Saturation
+from fairpool.api.tenant_quota import TenantLimits
+from fairpool.front.limits import Rejection, TenantLimiter, Ticket
+from fairpool.front.queue import QUEUE_RETRY_AFTER, FairQueue
+from fairpool.sched.cost import CostModel, TenantWeights, Tokens
+from fairpool.sched.errors import ConfigError, require_count
+from fairpool.sched.registry import make_router, router_parameters
+from fairpool.sched.requests import Request
+from fairpool.sched.routers import ChainProfile, RouteDecision, Router, RouteRequest
+
+#: The status of a request whose client left before its answer ended (nginx's).
+CLIENT_CLOSED = 499
+
+#: Characters per token, for estimating the size of a prompt given as text, and for
+#: converting a prefix-match threshold in characters into tokens.
+CHARS_PER_TOKEN = 4
+
+
+def tokens_for_chars(chars: int) -> int:
+    """Tokens in `chars` characters of text, rounded up (a routing threshold given in
+    characters, applied to keys of token ids)."""
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+class NoWorker(Exception):
+    """No worker of the pool can take the request (none in rotation)."""
+
+
+@dataclass(frozen=True)
+class FrontRequest:
+    """What the front needs of a request."""
+
+    request_id: str
+    tenant: str
+    key: Sequence[Any]  # the routing key: prompt text (gateway) or token ids (simulator)
+    input_tokens: int  # the prompt's size: an estimate (gateway) or exact (simulator)
+    output_limit: int | None = None  # most tokens it may produce; None: not given
+    limits: TenantLimits = field(default_factory=TenantLimits)
+    arrival: float | None = None  # when the front end received it; None: on `arrive`
+
+    def __post_init__(self) -> None:
+        require_count("input_tokens", self.input_tokens)
+        if self.output_limit is not None:
+            require_count("output_limit", self.output_limit)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an engine reports it served a request."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def uncached_prompt_tokens(self) -> int:
+        return max(self.prompt_tokens - self.cached_tokens, 0)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a flight ended: an HTTP-style `status` (200, 4xx from the engine, 499 client
+    gone, 502/503 no engine answered, 429 queue timeout), the engine's `usage` when it
+    reported one, when the first token arrived, and a short `reason` for failures."""
+
+    status: int = 200
+    usage: Usage | None = None
+    first_token_at: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A flight's end, as every ledger sees it."""
+
+    pool: str
+    flight: Flight
+    status: int
+    reason: str | None
+    worker: str | None  # the worker that had it last; None if it never reached one
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reported: bool  # the token counts are the engine's, not estimates
+    service: float
+    dispatched_at: float | None  # when the queue let it through; None if it never did
+    first_token_at: float | None
+    finished_at: float
+
+    @property
+    def request(self) -> FrontRequest:
+        return self.flight.request
+
+    @property
+    def arrival(self) -> float:
+        return self.flight.arrival
+
+    @property
+    def served(self) -> bool:
+        """An engine answered it (whatever the answer)."""
+        return self.worker is not None and self.status < 500 and self.status != 429
+
+
+class FrontListener:
+    """What a front end hears from a pool's front; every hook is optional."""
+
+    def rejected(self, pool: str, request: FrontRequest, rejection: Rejection) -> None:
+        """Refused on arrival by a hard limit or the queue limit."""
+
+    def queued(self, flight: Flight) -> None:
+        """Admitted, waiting in the fair queue."""
+
+    def dispatched(self, flight: Flight, decision: RouteDecision) -> None:
+        """Routed to `decision.worker` (again, after a failed attempt)."""
+
+    def settled(self, settlement: Settlement) -> None:
+        """Over, and charged."""
+
+
+class Phase(enum.Enum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"  # admitted by the queue; routed unless an attempt failed
+    SETTLED = "settled"
+
+
+class Flight:
+    """One admitted request from the limits to its settlement. A front end that is told
+    of a release (`on_release`) checks `settled`: a release whose routing failed is
+    settled at once."""
+
+    __slots__ = (
+        "arrival",
+        "context",
+        "decision",
+        "dispatched_at",
+        "front",
+        "output_tokens",
+        "phase",
+        "request",
+        "ticket",
+    )
+
+    def __init__(self, front: PoolFront, request: FrontRequest, ticket: Ticket) -> None:
+        self.front = front
+        self.request = request
+        self.ticket = ticket
+        self.phase = Phase.QUEUED
+        self.decision: RouteDecision | None = None
+        self.arrival = front.clock() if request.arrival is None else request.arrival
+        self.dispatched_at: float | None = None
+        self.output_tokens = 0  # observed so far
+        self.context: Any = None  # the front end's own (the gateway's waiter)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant
+
+    @property
+    def queued(self) -> bool:
+        return self.phase is Phase.QUEUED
+
+    @property
+    def settled(self) -> bool:
+        return self.phase is Phase.SETTLED
+
+    def undispatch(self) -> None:
+        """The worker never took the request (failed before its first byte): nothing was
+        served there, so its charge on that worker is refunded. The flight keeps its
+        place in the pool and may `redispatch`."""
+        if self.phase is not Phase.DISPATCHED or self.decision is None:
+            raise ConfigError("flight", f"{self.request_id!r} is not dispatched")
+        self.front.router.complete(self.request_id, 0, 0)
+        self.decision = None
+
+    def redispatch(self) -> RouteDecision:
+        """Route again after `undispatch`; NoWorker if no worker is in rotation."""
+        if self.phase is not Phase.DISPATCHED or self.decision is not None:
+            raise ConfigError("flight", f"{self.request_id!r} is not waiting for a worker")
+        return self.front._route(self)
+
+    def observe_output(self, tokens: int) -> None:
+        """`tokens` more output tokens reached the client; charged in the fair queue now,
+        corrected to the engine's usage at settlement."""
+        if self.phase is Phase.DISPATCHED and tokens:
+            self.output_tokens += tokens
+            self.front.queue.record_output(self.request_id, tokens)
+
+    def expire(self) -> Rejection | None:
+        """The queue timeout passed: a flight still queued leaves, charged nothing, and
+        the Rejection to give its client is returned (None if it was released first)."""
+        if self.phase is not Phase.QUEUED:
+            return None
+        timeout = self.front.queue_timeout
+        rejection = Rejection(
+            "queue_timeout",
+            QUEUE_RETRY_AFTER,
+            f"no worker became free within the queue timeout of {timeout:g} s",
+        )
+        self.settle(Outcome(status=429, reason=rejection.reason))
+        return rejection
+
+    def settle(self, outcome: Outcome) -> Settlement | None:
+        """End the flight and charge it (see the module's docstring); only the first call
+        counts, so every exit path of a front end may call it."""
+        if self.phase is Phase.SETTLED:
+            return None
+        return self.front._settle(self, outcome)
+
+
+Ledger = Callable[[Settlement], None]
+
+
+class PoolFront:
+    """Limits, fair queue, router and settlement of one pool."""
+
+    def __init__(
+        self,
+        name: str,
+        router: Router,
+        queue: FairQueue,
+        limiter: TenantLimiter,
+        cost: CostModel,
+        saturation: Saturation | None = None,
+        queue_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_release: Callable[[Flight], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.router = router
+        self.queue = queue
+        self.limiter = limiter
+        self.cost = cost
+        #: When a worker counts as full; None: never (only a router's own room limits).
+        self.saturation = saturation
+        self.queue_timeout = queue_timeout
+        self.clock = clock
+        self.on_release = on_release
+        self.listeners: list[FrontListener] = []
+        self._queued: dict[str, Flight] = {}
+        self._releasing = False
+        self._release_again = False
+        # Every ledger hears every settlement, in this order, then the listeners.
+        self._ledgers: list[Ledger] = [self._settle_router, self._settle_queue, self._settle_limits]
+
+    @classmethod
+    def for_routing(
+        cls,
+        name: str,
+        routing: RoutingSpec,
+        cost: CostModel,
+        weights: Mapping[str, float],
+        limiter: TenantLimiter,
+        *,
+        max_tree_tokens: int | None = None,
+        chains: Mapping[str, ChainProfile] | None = None,
+        saturated_when: Saturation | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_release: Callable[[Flight], None] | None = None,
+    ) -> PoolFront:
+        """A pool's front as its `RoutingSpec` describes it, routing on prompt text."""
+        options: dict[str, Any] = {
+            "worker_quantum": routing.worker_quantum,
+            "min_match": routing.min_match_chars,
+            "max_tree_tokens": max_tree_tokens,
+            "chains": chains,
+        }
+        accepted = router_parameters(routing.policy)
+        router = make_router(
+            routing.policy,
+            cost=cost,
+            weights=weights,
+            **{key: value for key, value in options.items() if key in accepted and value},
+        )
+        queue = FairQueue(cost, weights, policy=routing.queue_policy, clock=clock)
+        return cls(
+            name,
+            router,
+            queue,
+            limiter,
+            cost,
+            saturation=saturated_when,
+            queue_timeout=routing.queue_timeout_seconds,
+            clock=clock,
+            on_release=on_release,
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    def arrive(self, request: FrontRequest) -> Flight:
+        """Admit `request` under its tenant's limits and dispatch it, or queue it while the
+        pool is saturated. Raises `Rejection` (counted nowhere but by the listeners) when a
+        hard limit or the queue limit refuses it."""
+        reserved = request.input_tokens + (request.output_limit or 0)
+        try:
+            ticket = self.limiter.admit(request.tenant, request.limits, reserved)
+        except Rejection as rejection:
+            self._tell_rejected(request, rejection)
+            raise
+        flight = Flight(self, request, ticket)
+        scheduled = Request(
+            request.request_id,
+            request.tenant,
+            request.input_tokens,
+            max(request.output_limit or 0, 1),
+        )
+        try:
+            if not self.queue.queued() and self.has_capacity():
+                self.queue.admit_now(scheduled)
+                flight.phase = Phase.DISPATCHED
+            else:
+                self.queue.enqueue(scheduled, request.limits.queued)
+        except Rejection as rejection:
+            self.limiter.settle(ticket, 0)
+            self._tell_rejected(request, rejection)
+            raise
+        except BaseException:
+            self.limiter.settle(ticket, 0)
+            raise
+        if flight.phase is Phase.DISPATCHED:
+            self._route_or_settle(flight)
+        else:
+            self._queued[request.request_id] = flight
+            for listener in self.listeners:
+                listener.queued(flight)
+        return flight
+
+    def release_waiting(self) -> None:
+        """Capacity may have freed: release queued flights in fair order while the pool
+        has room, routing each and telling the front end (`on_release`). Safe to call at
+        any time, from within a release too."""
+        if self._releasing:
+            self._release_again = True
+            return
+        self._releasing = True
+        try:
+            self._release_again = True
+            while self._release_again:
+                self._release_again = False
+                while self.queue.queued() and self.has_capacity():
+                    request_id = self.queue.release()
+                    if request_id is None:
+                        break
+                    flight = self._queued.pop(request_id)
+                    flight.phase = Phase.DISPATCHED
+                    with contextlib.suppress(Exception):  # settled: its front end sees that
+                        self._route_or_settle(flight)
+                    if self.on_release is not None:
+                        self.on_release(flight)
+        finally:
+            self._releasing = False
+
+    def has_capacity(self) -> bool:
+        """Whether a request may be dispatched now. The front keeps "nobody waits while
+        there is capacity" true after each of its calls; capacity changes must therefore
+        reach it through them (`set_rotation`, `update_load`, `set_saturation`, `settle`).
+
+        A worker in rotation has room for one more request: the router allows it (a
+        chain below its capacity) and, with saturation thresholds, the worker has fewer
+        than `maxOutstanding` requests from this front, fewer than `maxWaiting` in its
+        engine's queue and less than `maxKvUsage` of its KV cache in use."""
+        router = self.router
+        limits = self.saturation
+        if limits is None:
+            return router.has_room()
+        for worker in router.workers.values():
+            if worker.kv_usage >= limits.max_kv_usage or worker.waiting >= limits.max_waiting:
+                continue
+            if worker.outstanding >= limits.max_outstanding:
+                continue
+            if router.room(worker.worker_id) != 0:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ workers and weights
+
+    def set_rotation(self, workers: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Make `workers` the ones in rotation; returns (added, removed). Requests in
+        flight on a removed worker settle without touching a worker re-added later."""
+        wanted = set(workers)
+        removed = [worker for worker in self.router.workers if worker not in wanted]
+        for worker in removed:
+            self.router.remove_worker(worker)
+        added = sorted(wanted - set(self.router.workers))
+        for worker in added:
+            self.router.add_worker(worker)
+        if added:
+            self.release_waiting()
+        return added, removed
+
+    def set_saturation(self, saturation: Saturation | None) -> None:
+        """New saturation thresholds (None: none)."""
+        self.saturation = saturation
+        self.release_waiting()
+
+    def update_load(self, worker: str, kv_usage: float, waiting: int) -> None:
+        """What `worker`'s engine reports of its load (it must be in rotation)."""
+        self.router.update_load(worker, kv_usage=kv_usage, waiting=waiting)
+        self.release_waiting()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        table = weights if isinstance(weights, TenantWeights) else TenantWeights(weights)
+        self.router.set_weights(table)
+        self.queue.set_weights(table)
+
+    # ------------------------------------------------------------------ state
+
+    def tenant_state(self) -> dict[str, dict[str, Any]]:
+        """Per tenant: the queue's counter, service, queued and in-flight requests and
+        longest wait, and the router's per-worker state (D2LPM deficits)."""
+        state: dict[str, dict[str, Any]] = {
+            tenant: dict(values) for tenant, values in self.queue.state().items()
+        }
+        for tenant, per_worker in self.router.tenant_state().items():
+            state.setdefault(tenant, {})["deficits"] = per_worker
+        return state
+
+    # ------------------------------------------------------------------ internals
+
+    def _route_or_settle(self, flight: Flight) -> RouteDecision:
+        """Route a flight the queue admitted; if that fails, the flight is settled (nothing
+        served) before the error propagates."""
+        try:
+            return self._route(flight)
+        except NoWorker:
+            flight.settle(Outcome(status=503, reason="no_worker"))
+            raise
+        except BaseException:
+            flight.settle(Outcome(status=500, reason="internal_error"))
+            raise
+
+    def _route(self, flight: Flight) -> RouteDecision:
+        if not self.router.workers:
+            raise NoWorker(f"pool {self.name!r} has no worker in rotation")
+        request = flight.request
+        decision = self.router.route(
+            RouteRequest(request.request_id, request.tenant, request.key, request.input_tokens)
+        )
+        flight.decision = decision
+        if flight.dispatched_at is None:
+            flight.dispatched_at = self.clock()
+        for listener in self.listeners:
+            listener.dispatched(flight, decision)
+        return decision
+
+    def _settle(self, flight: Flight, outcome: Outcome) -> Settlement:
+        was = flight.phase
+        flight.phase = Phase.SETTLED
+        if was is Phase.QUEUED:
+            self._queued.pop(flight.request_id, None)
+            self.queue.withdraw(flight.request_id)
+        settlement = self._settlement(flight, outcome, was)
+        for ledger in self._ledgers:
+            ledger(settlement)
+        for listener in self.listeners:
+            listener.settled(settlement)
+        self.release_waiting()
+        return settlement
+
+    def _settlement(self, flight: Flight, outcome: Outcome, was: Phase) -> Settlement:
+        request, usage = flight.request, outcome.usage
+        worker = flight.decision.worker if flight.decision is not None else None
+        if usage is not None:
+            prompt, cached, completion = (
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+            )
+        elif worker is not None:
+            prompt, cached, completion = request.input_tokens, 0, flight.output_tokens
+        else:
+            prompt = cached = completion = 0
+        return Settlement(
+            pool=self.name,
+            flight=flight,
+            status=outcome.status,
+            reason=outcome.reason,
+            worker=worker,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+            reported=usage is not None,
+            service=self.cost.service(max(prompt - cached, 0), completion),
+            dispatched_at=flight.dispatched_at if was is not Phase.QUEUED else None,
+            first_token_at=outcome.first_token_at,
+            finished_at=self.clock(),
+        )
+
+    # The ledgers. Each takes from a settlement what it keeps.
+
+    def _settle_router(self, settlement: Settlement) -> None:
+        if settlement.worker is None:
+            return
+        extend = (
+            settlement.prompt_tokens - settlement.cached_tokens if settlement.reported else None
+        )
+        self.router.complete(settlement.request.request_id, settlement.completion_tokens, extend)
+
+    def _settle_queue(self, settlement: Settlement) -> None:
+        if settlement.worker is None:
+            served = Tokens(extend=0, output=0)
+        elif settlement.reported:
+            served = Tokens(
+                extend=settlement.prompt_tokens - settlement.cached_tokens,
+                output=settlement.completion_tokens,
+            )
+        else:
+            served = Tokens(output=settlement.completion_tokens)
+        self.queue.finish(settlement.request.request_id, served)
+
+    def _settle_limits(self, settlement: Settlement) -> None:
+        tokens = settlement.prompt_tokens + settlement.completion_tokens
+        self.limiter.settle(settlement.flight.ticket, tokens)
+
+    def _tell_rejected(self, request: FrontRequest, rejection: Rejection) -> None:
+        for listener in self.listeners:
+            listener.rejected(self.name, request, rejection)

@@ -93,7 +93,7 @@ def start_server(level: Level, port: int, core: int) -> subprocess.Popen[bytes]:
     command = [
         sys.executable,
         "-m",
-        "fairpool.cli",
+        "fairpool_cli",
         "engine-sim",
         "--port",
         str(port),

@@ -26,8 +26,8 @@ from rich.console import Console
 
 from fairpool.api.manifests import Manifests, load_manifests
 from fairpool.sched.errors import ConfigError
-from fairpool_gateway.local.plan import Fairness, LocalPlan, plan_local
-from fairpool_gateway.local.supervisor import Supervisor
+from fairpool_cli.local.plan import Fairness, LocalPlan, plan_local
+from fairpool_cli.local.supervisor import Supervisor
 
 READY_TIMEOUT = 300.0  # vLLM takes a while to load a model
 WATCH_INTERVAL = 0.5

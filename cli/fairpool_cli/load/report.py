@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from fairpool_gateway.load.stats import LoadResult, TenantStats, percentile
+from fairpool_cli.load.stats import LoadResult, TenantStats, percentile
 
 COLUMNS = (
     "tenant", "weight", "sent", "done", "errors", "out tok/s", "service", "share / entitled",

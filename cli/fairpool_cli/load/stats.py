@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairpool.sched.cost import CostModel
-from fairpool_gateway.load.spec import LoadSpec
+from fairpool_cli.load.spec import LoadSpec
 
 
 @dataclass

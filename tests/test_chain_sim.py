@@ -20,7 +20,6 @@ from fairpool.placement.baselines import (
 from fairpool.placement.bounds import chain_bounds
 from fairpool.placement.model import Chain, ChainProblem, Placement, Server
 from fairpool.sched.errors import ConfigError
-from fairpool.sim import reproduce_chains as rc
 from fairpool.sim.chains import (
     ChainDispatch,
     CommCharge,
@@ -32,6 +31,7 @@ from fairpool.sim.chains import (
     poisson_jobs,
     simulate,
 )
+from fairpool_reproduce import chains as rc
 
 GB = 10**9
 

@@ -80,7 +80,7 @@ COMPONENTS = {
     "gateway": "fairpool_gateway",
     "engine": "fairpool_engine",
 }
-PROGRAMS = {"cli": "fairpool_cli"}
+PROGRAMS = {"cli": "fairpool_cli", "reproduce": "fairpool_reproduce"}
 FOLDERS = COMPONENTS | PROGRAMS
 
 

@@ -12,8 +12,8 @@ simulation, Fig. 8) and §4.2 (PETALS experiment, Table 1), re-run on `fairpool.
 - `table1`: LLaMA-2-7B-like on 9 MIG slices (3 × 3g.40gb + 6 × 2g.20gb), λ = 2.57 req/s,
   input 2048 / output 28 tokens, c = 35, with Poisson arrivals instead of the Azure trace.
 
-`python -m fairpool.sim.reproduce --only chains` regenerates this section of
-`docs/results.md` in place; `python -m fairpool.sim.reproduce_chains` prints it.
+`python -m fairpool_reproduce --only chains` regenerates this section of
+`docs/results.md` in place; `python -m fairpool_reproduce.chains` prints it.
 
 Network: the paper draws RTTs from RIPE Atlas's European measurements, which fairpool does not
 ship (the runs are offline). We draw a synthetic European WAN instead (`european_rtts`): nodes
@@ -778,7 +778,7 @@ def section_chains(data: dict[str, Any]) -> list[str]:
         "`fairpool/placement/baselines.py` (its docstring lists every choice the paper left "
         "open). This section ran "
         f"{data['runs']:,} simulations in {data['wall_s']:.0f} s of wall time; "
-        "`python -m fairpool.sim.reproduce --only chains` regenerates just this section.",
+        "`python -m fairpool_reproduce --only chains` regenerates just this section.",
         "",
         "### Overall comparison (Fig. 8)",
         "",
@@ -1248,9 +1248,7 @@ def regenerate(out: Path, scale: float = 1.0, record: Path | None = None) -> Pat
     results_md.write_text(replace_section(results_md.read_text(), section_chains(data)))
     _log(f"wrote section 8 of {results_md}")
     if record is not None:
-        _log(
-            f"wrote {record_bench(data, record, 'python -m fairpool.sim.reproduce --only chains')}"
-        )
+        _log(f"wrote {record_bench(data, record, 'python -m fairpool_reproduce --only chains')}")
     return results_md
 
 

@@ -8,7 +8,10 @@ import random
 
 import pytest
 
-from fairpool.placement.baselines import (
+from fairpool.placement.bounds import chain_bounds
+from fairpool.placement.model import Chain, ChainProblem, Placement, Server
+from fairpool.sched.errors import ConfigError
+from fairpool.sim.chain_baselines import (
     PlacementGraph,
     bprr_design_concurrency,
     bprr_placement,
@@ -17,9 +20,6 @@ from fairpool.placement.baselines import (
     validate_placement,
     whole_model_chains,
 )
-from fairpool.placement.bounds import chain_bounds
-from fairpool.placement.model import Chain, ChainProblem, Placement, Server
-from fairpool.sched.errors import ConfigError
 from fairpool.sim.chains import (
     ChainDispatch,
     CommCharge,

@@ -169,3 +169,49 @@ def test_packaging_lists_every_package_on_disk():
     assert on_disk == declared
     for package, folder in config["package-dir"].items():
         assert (ROOT / folder / "__init__.py").exists(), package
+
+
+def core_subpackage_imports() -> dict[str, set[str]]:
+    """Which of the core library's subpackages (api, sched, placement, sim) each imports."""
+    graph: dict[str, set[str]] = {}
+    core = ROOT / "fairpool"
+    for path in sorted(core.rglob("*.py")):
+        parts = path.relative_to(core).parts
+        if len(parts) < 2:
+            continue  # fairpool/*.py: helpers beside the subpackages
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module)
+        targets = {name.split(".")[1] for name in imported if name.startswith("fairpool.")}
+        graph.setdefault(parts[0], set()).update(targets - {parts[0]})
+    return graph
+
+
+def test_the_core_subpackages_import_each_other_without_a_cycle():
+    graph = core_subpackage_imports()
+    path: list[str] = []
+    done: set[str] = set()
+
+    def visit(package: str) -> None:
+        if package in path:
+            cycle = [*path[path.index(package) :], package]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if package in done:
+            return
+        path.append(package)
+        for target in sorted(graph.get(package, ())):
+            visit(target)
+        path.pop()
+        done.add(package)
+
+    for package in sorted(graph):
+        visit(package)
+
+
+def test_placement_does_not_import_the_simulator():
+    # The chain simulator uses placement (chains, capacities); the other way round was a
+    # cycle (the PETALS and BPRR baselines, which now live beside the simulator).
+    assert "sim" not in core_subpackage_imports()["placement"]

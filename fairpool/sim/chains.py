@@ -16,7 +16,7 @@ Two kinds of dispatcher share the event loop, the slot ledger and the records:
 - `ChainDispatch`: JFFC (Alg. 3) over chains with capacities, through the core library's
   `fairpool.sched.routers.jffc.JFFC` (the router the gateway runs), with a central FIFO queue;
 - `PathDispatch`: per-request routing over a placement (the PETALS and BPRR baselines of
-  `fairpool.placement.baselines`): the policy picks a route when the job arrives, the job is
+  `fairpool.sim.chain_baselines`): the policy picks a route when the job arrives, the job is
   committed to it and starts once every server on it has the slots. Waiting jobs start in
   arrival order, first fit: one whose route is still short of slots does not hold back a later
   job whose route has them, and a waiting job holds no slots (all-or-nothing; no deadlock).

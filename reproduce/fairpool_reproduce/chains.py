@@ -35,17 +35,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fairpool.placement.baselines import (
-    PETALS_AUTOGRAD_GIB_AT_14336,
-    PetalsRouting,
-    WaitingShortestPath,
-    bprr_design_concurrency,
-    bprr_placement,
-    petals_layers,
-    petals_placement,
-    petals_slots,
-    whole_model_chains,
-)
 from fairpool.placement.bounds import chain_bounds
 from fairpool.placement.model import Chain, ChainProblem, Placement, Server
 from fairpool.placement.profile import PlanPolicy
@@ -57,6 +46,17 @@ from fairpool.placement.tuning import (
     tune_capacity,
 )
 from fairpool.sched.errors import ConfigError
+from fairpool.sim.chain_baselines import (
+    PETALS_AUTOGRAD_GIB_AT_14336,
+    PetalsRouting,
+    WaitingShortestPath,
+    bprr_design_concurrency,
+    bprr_placement,
+    petals_layers,
+    petals_placement,
+    petals_slots,
+    whole_model_chains,
+)
 from fairpool.sim.chains import (
     ChainDispatch,
     ChainRun,
@@ -775,7 +775,7 @@ def section_chains(data: dict[str, Any]) -> list[str]:
         "JFFC; c*_LB is c tuned by Theorem 3.7's lower bound (§3.2.3), for Proposed-vLLM "
         "with the planner's defaults (scores within 1 % tie and go to the fewest nodes; at "
         "most 8 stages). PETALS and BPRR are "
-        "`fairpool/placement/baselines.py` (its docstring lists every choice the paper left "
+        "`fairpool/sim/chain_baselines.py` (its docstring lists every choice the paper left "
         "open). This section ran "
         f"{data['runs']:,} simulations in {data['wall_s']:.0f} s of wall time; "
         "`python -m fairpool_reproduce --only chains` regenerates just this section.",

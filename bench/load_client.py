@@ -334,7 +334,7 @@ CLIENTS: dict[str, Callable[[str, int], Client]] = {"raw": RawClient, "httpx": H
 
 
 @dataclass(frozen=True)
-class Request:
+class OutgoingRequest:
     """What to send: path, body, headers, and the tenant it is counted for."""
 
     tenant: str
@@ -343,10 +343,10 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-MakeRequest = Callable[[int], Request]
+MakeRequest = Callable[[int], OutgoingRequest]
 
 
-async def send(client: Client, request: Request, scheduled: float) -> Sample:
+async def send(client: Client, request: OutgoingRequest, scheduled: float) -> Sample:
     sample = Sample(tenant=request.tenant, scheduled=scheduled, started=scheduled)
     return await client.post(request.path, request.body, request.headers, sample)
 

@@ -98,7 +98,7 @@ class GpuKind:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ChainModel:
     """A transformer as seed 003's model sees it."""
 
     name: str
@@ -112,21 +112,21 @@ class ModelSpec:
 
 
 #: §4.1.1: BLOOM-176B in NF4, s_c for 2048 tokens, 2000 input and 20 output tokens.
-BLOOM = ModelSpec("BLOOM-176B", 70, 1_320_000_000, 110_000_000, 5.0, 14336, 2000, 20)
+BLOOM = ChainModel("BLOOM-176B", 70, 1_320_000_000, 110_000_000, 5.0, 14336, 2000, 20)
 #: §4.1.1: the fast and slow GPU types (A100 MIG 3g.40gb- and 2g.20gb-like).
 HIGH = GpuKind("high (40 GB, 120 TFLOPS)", 40 * GB, 120.0, 1.02)
 LOW = GpuKind("low (20 GB, 80 TFLOPS)", 20 * GB, 80.0, 0.51)
 
 #: §4.2: LLaMA-2-7B in fp16 (202 M parameters per layer: 0.405 GB, 0.40 GFLOPs per token),
 #: KV 16 KiB per token per layer for 2048 tokens; the trace's 2048 input and 28 output tokens.
-LLAMA = ModelSpec("LLaMA-2-7B", 32, 405_000_000, 2048 * 16 * 1024, 0.40, 4096, 2048, 28)
+LLAMA = ChainModel("LLaMA-2-7B", 32, 405_000_000, 2048 * 16 * 1024, 0.40, 4096, 2048, 28)
 #: The MIG slices of §4.2, less 1 GB each for the CUDA context and activations: with it
 #: m(35) = 24 and 12 layers, as footnote 13 says.
 MIG_3G = GpuKind("3g.40gb", 39 * GB, 120.0, 1.02)
 MIG_2G = GpuKind("2g.20gb", 19 * GB, 80.0, 0.51)
 
 
-def layer_seconds(model: ModelSpec, gpu: GpuKind) -> float:
+def layer_seconds(model: ChainModel, gpu: GpuKind) -> float:
     """τ^p_j = t_o + (F/f_j)·l_in + (s_m/b_j)·(l_out − 1) (footnote 11), in seconds."""
     prefill_ms = model.gflops_per_token / gpu.tflops * model.input_tokens
     decode_ms = model.layer_bytes / GB / gpu.bandwidth_gb_per_ms * (model.output_tokens - 1)
@@ -155,23 +155,23 @@ def _great_circle_km(a: tuple[float, float], b: tuple[float, float]) -> float:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class ChainFleet:
     """One random draw of servers: the problem, the RTTs to the orchestrator, who is fast."""
 
     problem: ChainProblem
-    model: ModelSpec
+    model: ChainModel
     rtts: tuple[float, ...]
     fast: tuple[bool, ...]
     charge: CommCharge
 
 
 def draw_fleet(
-    model: ModelSpec,
+    model: ChainModel,
     kinds: Sequence[GpuKind],
     rng: random.Random,
     charge: CommCharge,
     layer_scale: float = 1.0,
-) -> Fleet:
+) -> ChainFleet:
     """Servers of the given kinds (their order shuffled) at random nodes of a synthetic WAN,
     one more node being the orchestrator (§4.1.1). `kinds[0]`'s type counts as fast."""
     order = list(kinds)
@@ -190,7 +190,7 @@ def draw_fleet(
     )
     problem = ChainProblem(servers, model.layers, model.layer_bytes, model.slot_bytes)
     fast = tuple(kind.name == kinds[0].name for kind in order)
-    return Fleet(problem, model, rtts, fast, charge)
+    return ChainFleet(problem, model, rtts, fast, charge)
 
 
 def mixed_kinds(servers: int, fast_fraction: float, fast: GpuKind, slow: GpuKind) -> list[GpuKind]:
@@ -213,7 +213,9 @@ class Method:
     bounds: tuple[float, float] | None = None  # Theorem 3.7, seconds
 
 
-def proposed(fleet: Fleet, rate: float, capacity_param: int | None, mode: Mode = "paper") -> Method:
+def proposed(
+    fleet: ChainFleet, rate: float, capacity_param: int | None, mode: Mode = "paper"
+) -> Method:
     """GBP-CR + GCA + JFFC (mode "paper", c tuned as in §3.2.3), or GBP-CR's disjoint chains
     as vLLM engines + JFFC (mode "vllm", c tuned as fairpool's planner does: `PlanPolicy`'s
     defaults); c fixed, or tuned by Theorem 3.7's lower bound when None."""
@@ -258,7 +260,7 @@ def _partition_placement(chains: Sequence[Chain]) -> Placement:
     return Placement(first, layers, chains=tuple(chain.servers for chain in chains))
 
 
-def petals(fleet: Fleet, rng: random.Random, cap_slow_layers: int | None) -> Method:
+def petals(fleet: ChainFleet, rng: random.Random, cap_slow_layers: int | None) -> Method:
     """PETALS: random join order, fixed 4096-token cache per layer, min-latency routing."""
     model, problem = fleet.model, fleet.problem
     cache_per_layer = 2 * model.hidden_size * 4096 * 2  # K and V, fp16, 4096 tokens
@@ -272,7 +274,7 @@ def petals(fleet: Fleet, rng: random.Random, cap_slow_layers: int | None) -> Met
     return Method("PETALS", PathDispatch(routing, slots, "PETALS"))
 
 
-def bprr(fleet: Fleet, rate: float) -> Method:
+def bprr(fleet: ChainFleet, rate: float) -> Method:
     """BPRR: CG-BP with |R| from Little's law, WS-RR routing."""
     problem = fleet.problem
     concurrency = bprr_design_concurrency(problem, rate)
@@ -282,7 +284,7 @@ def bprr(fleet: Fleet, rate: float) -> Method:
     return Method(f"BPRR (|R|={concurrency})", PathDispatch(routing, slots, "BPRR"), concurrency)
 
 
-def jffc_only(fleet: Fleet) -> Method:
+def jffc_only(fleet: ChainFleet) -> Method:
     """The whole model on each server that holds it, JFFC across them (§4.2.3)."""
     placement, chains = whole_model_chains(fleet.problem)
     slots = placement_slots(fleet.problem, placement)
@@ -376,7 +378,7 @@ GRID_METHODS = {
 
 
 def _grid_builders(
-    fleet: Fleet, rate: float, capacity: int, seed: int
+    fleet: ChainFleet, rate: float, capacity: int, seed: int
 ) -> dict[str, Callable[[], Method]]:
     return {
         "proposed": lambda: proposed(fleet, rate, capacity),
@@ -548,7 +550,7 @@ TABLE1_METHODS = {
 }
 
 
-def calibrated(fleet: Fleet, whole_model_seconds: float) -> Fleet:
+def calibrated(fleet: ChainFleet, whole_model_seconds: float) -> ChainFleet:
     """The fleet with every τ^p_j scaled by one factor, so that serving the whole model on
     one server takes `whole_model_seconds` on average over the servers."""
     servers = fleet.problem.servers
@@ -561,7 +563,7 @@ def calibrated(fleet: Fleet, whole_model_seconds: float) -> Fleet:
     return replace(fleet, problem=replace(fleet.problem, servers=scaled))
 
 
-def _table1_builders(fleet: Fleet, seed: int) -> dict[str, Callable[[], Method]]:
+def _table1_builders(fleet: ChainFleet, seed: int) -> dict[str, Callable[[], Method]]:
     return {
         "petals": lambda: petals(fleet, random.Random(seed), None),
         "bprr": lambda: bprr(fleet, TABLE1_RATE),
@@ -951,7 +953,7 @@ def _section_table1(t1: dict[str, Any]) -> list[str]:
     return lines
 
 
-def petals_sessions(model: ModelSpec) -> int:
+def petals_sessions(model: ChainModel) -> int:
     """Longest-sequence jobs a PETALS server holds at once: its 4096-token cache per layer
     over s_c."""
     return (2 * model.hidden_size * 4096 * 2) // model.slot_bytes

@@ -36,6 +36,8 @@ from typing import Protocol
 
 import httpx
 
+from fairpool.sim.metrics import percentile
+
 DONE = b"data: [DONE]"
 
 
@@ -422,17 +424,9 @@ class Flood:
         )
 
 
-def quantile(values: list[float], fraction: float) -> float:
-    """The `fraction` quantile (nearest rank) of `values`; 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
-
-
 def summary_ms(values: list[float]) -> dict[str, float]:
-    """p50/p90/p99/max of seconds, in milliseconds."""
+    """p50/p90/p99/max of seconds (nearest rank), in milliseconds; 0 for none."""
     return {
-        f"{name}_ms": round(1000 * quantile(values, fraction), 3)
+        f"{name}_ms": round(1000 * (percentile(values, fraction) or 0.0), 3)
         for name, fraction in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
     }

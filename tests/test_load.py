@@ -27,7 +27,7 @@ from fairpool_cli.load import LoadResult, LoadSpec, PromptShape, TenantSpec, run
 from fairpool_cli.load.live import LiveView
 from fairpool_cli.load.prompts import TraceText, prompt_source, request_body
 from fairpool_cli.load.spec import check_url
-from fairpool_cli.load.stats import Outcome, percentile
+from fairpool_cli.load.stats import Outcome, TenantStats
 from fairpool_cli.load.tenants import (
     parse_tenant_flag,
     read_tenants_file,
@@ -429,9 +429,10 @@ def test_ctrl_c_ends_the_cli_run_and_still_prints_the_summary(capsys):
 
 
 def test_percentiles_are_nearest_rank():
-    values = [float(v) for v in (5, 1, 3, 2, 4)]
-    assert (percentile(values, 0.5), percentile(values, 0.99)) == (3.0, 5.0)
-    assert percentile([], 0.5) is None
+    stats = TenantStats("a", 1.0, ttfts=[float(v) for v in (5, 1, 3, 2, 4)])
+    assert (stats.ttft(0.5), stats.ttft(0.99)) == (3.0, 5.0)
+    assert (stats.ttft(0.4), stats.ttft(0.41)) == (2.0, 3.0)  # ranks ⌈2⌉ and ⌈2.05⌉
+    assert stats.latency(0.5) is None
 
 
 def finished_result() -> LoadResult:

@@ -68,6 +68,7 @@ from fairpool.sim.chains import (
     poisson_jobs,
     simulate,
 )
+from fairpool.sim.metrics import percentile
 from fairpool.sim.plots import pyplot, save
 
 GB = 10**9
@@ -962,11 +963,11 @@ def petals_sessions(model: ChainModel) -> int:
 def wan_summary(samples: int = 200) -> dict[str, float]:
     """Percentiles of the synthetic WAN's RTTs (seconds), for the text."""
     matrix = european_rtts(samples, random.Random(0))
-    values = sorted(matrix[i][j] for i in range(samples) for j in range(i + 1, samples))
+    values = [matrix[i][j] for i in range(samples) for j in range(i + 1, samples)]
     return {
-        "p5": values[len(values) // 20],
-        "median": values[len(values) // 2],
-        "p95": values[len(values) * 19 // 20],
+        "p5": percentile(values, 0.05) or 0.0,
+        "median": percentile(values, 0.5) or 0.0,
+        "p95": percentile(values, 0.95) or 0.0,
     }
 
 

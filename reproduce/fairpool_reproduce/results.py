@@ -292,7 +292,7 @@ def latency_stats(values: Sequence[float]) -> dict[str, float | None]:
     values = list(values)
     return {
         "mean": statistics.fmean(values) if values else None,
-        "p50": statistics.median(values) if values else None,
+        "p50": percentile(values, 0.5),
         "p99": percentile(values, 0.99),
         "count": float(len(values)),
     }

@@ -100,7 +100,7 @@ bench-smoke: $(STAMP)
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.
 reproduce: $(STAMP)
-	$(BIN)/python -m fairpool.sim.reproduce
+	$(BIN)/python -m fairpool_reproduce
 
 ## Real vLLM (CPU build) with the fairpool scheduler, on a tiny model built locally.
 test-vllm: $(VLLM_STAMP)

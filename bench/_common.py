@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fairpool.sim.metrics import percentile
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -51,11 +53,11 @@ def _commit() -> str | None:
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
-    """p50/p90/p99/max/mean of nanosecond samples, in microseconds."""
+    """p50/p90/p99 (nearest rank), max and mean of nanosecond samples, in microseconds."""
     ordered = sorted(samples_ns)
 
     def at(fraction: float) -> float:
-        return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)] / 1000
+        return (percentile(ordered, fraction) or 0.0) / 1000
 
     return {
         "p50_us": round(at(0.50), 2),

@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import write_results
 
+from fairpool.sim.metrics import percentile
 from fairpool.sim.profiles import get_profile
 from fairpool_engine.sim_text import tokenize
 
@@ -93,7 +93,7 @@ def start_server(level: Level, port: int, core: int) -> subprocess.Popen[bytes]:
     command = [
         sys.executable,
         "-m",
-        "fairpool.cli",
+        "fairpool_cli",
         "engine-sim",
         "--port",
         str(port),
@@ -232,8 +232,8 @@ async def drive(url: str, level: Level, warmup: float, window: float, pid: int) 
         "ttft_mean_ms": round(1000 * delta("vllm:time_to_first_token_seconds_sum") / ttft_count, 1)
         if ttft_count
         else None,
-        "client_ttfb_p50_ms": round(1000 * statistics.median(first_bytes), 1),
-        "client_ttfb_p99_ms": round(1000 * first_bytes[int(0.99 * (len(first_bytes) - 1))], 1),
+        "client_ttfb_p50_ms": round(1000 * (percentile(first_bytes, 0.5) or 0.0), 1),
+        "client_ttfb_p99_ms": round(1000 * (percentile(first_bytes, 0.99) or 0.0), 1),
     }
 
 

@@ -95,7 +95,7 @@ from load_client import (
     Client,
     Flood,
     MakeRequest,
-    Request,
+    OutgoingRequest,
     Sample,
     closed_loop,
     open_loop,
@@ -109,7 +109,7 @@ from routers import (
     EngineOptions,
     Process,
     Proxy,
-    Running,
+    RunningProxy,
     StartError,
     Tenant,
     get_proxy,
@@ -193,7 +193,7 @@ def request_maker(
             for name, (extra, headers) in fields.items()
         }
 
-    def make(number: int) -> Request:
+    def make(number: int) -> OutgoingRequest:
         tenant = tenants[number % len(tenants)]
         extra, headers = fields[tenant.name]
         body: dict[str, Any] = {
@@ -212,7 +212,7 @@ def request_maker(
         else:
             body["prompt"] = f"{system(tenant)}\n{question(number, words)}"
             path = "/v1/completions"
-        return Request(tenant.name, path, json.dumps(body).encode(), headers)
+        return OutgoingRequest(tenant.name, path, json.dumps(body).encode(), headers)
 
     return make
 
@@ -232,7 +232,7 @@ class Cpu:
     wall: float
 
     @classmethod
-    def now(cls, running: Running | None, engines: list[Process]) -> Cpu:
+    def now(cls, running: RunningProxy | None, engines: list[Process]) -> Cpu:
         machine, steal = machine_cpu()
         return cls(
             running.cpu() if running is not None else 0.0,
@@ -302,7 +302,7 @@ def latency_row(samples: list[Sample], duration: float) -> dict[str, Any]:
 
 
 async def measure_latency(
-    running: Running, engines: list[Process], settings: Settings, rate: float
+    running: RunningProxy, engines: list[Process], settings: Settings, rate: float
 ) -> dict[str, Any]:
     """Open-loop Poisson arrivals at `rate` through `running` (one target)."""
     host, port = running.targets[0]
@@ -327,7 +327,7 @@ async def measure_latency(
 
 
 async def measure_max(
-    running: Running, engines: list[Process], settings: Settings
+    running: RunningProxy, engines: list[Process], settings: Settings
 ) -> dict[str, Any]:
     """Closed loop with `settings.concurrency` streams through `running`."""
     host, port = running.targets[0]
@@ -411,7 +411,7 @@ def shares(values: dict[str, float]) -> dict[str, float]:
 
 
 async def measure_fairness(
-    running: Running,
+    running: RunningProxy,
     engines: list[Process],
     tenants: list[Tenant],
     endpoint: str,

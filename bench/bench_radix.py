@@ -61,13 +61,13 @@ MAX_CONVERSATION = 8000  # tokens; longer ones are retired
 
 
 @dataclass
-class Conversation:
+class RadixConversation:
     owner: int
     tokens: list[int]
     text: str = ""
 
 
-class Workload:
+class RadixWorkload:
     """The request stream, deterministic in the seed; `text` also keeps each key as text."""
 
     def __init__(self, seed: int, text: bool) -> None:
@@ -85,7 +85,7 @@ class Workload:
             rng.choice(templates) + self.tokens(180, 1800) for _ in range(SYSTEM_PROMPTS)
         ]
         self.popularity = [1 / (rank + 1) for rank in range(SYSTEM_PROMPTS)]
-        self.active: list[Conversation] = []
+        self.active: list[RadixConversation] = []
 
     def tokens(self, low: int, high: int) -> list[int]:
         return self.rng.choices(self.ids, k=self.rng.randint(low, high))
@@ -113,7 +113,7 @@ class Workload:
             elif draw < 0.9:
                 system = rng.choices(self.systems, weights=self.popularity)[0]
                 tokens = system + self.tokens(50, 400)
-                conversation = Conversation(rng.randrange(OWNERS), tokens)
+                conversation = RadixConversation(rng.randrange(OWNERS), tokens)
                 if self.text:
                     conversation.text = self.render(tokens)
                 if len(self.active) < ACTIVE_CONVERSATIONS:
@@ -122,7 +122,7 @@ class Workload:
                     self.active[rng.randrange(len(self.active))] = conversation
             else:  # a fresh prompt that shares nothing
                 tokens = self.tokens(200, 2000)
-                conversation = Conversation(rng.randrange(OWNERS), tokens)
+                conversation = RadixConversation(rng.randrange(OWNERS), tokens)
                 if self.text:
                     conversation.text = self.render(tokens)
             yield (conversation.text if self.text else conversation.tokens), conversation.owner
@@ -142,7 +142,7 @@ class Workload:
         return self.render(tokens) if self.text else array("q", tokens).tolist()
 
 
-def build(workload: Workload, nodes: int, label: str) -> tuple[RadixTree, float]:
+def build(workload: RadixWorkload, nodes: int, label: str) -> tuple[RadixTree, float]:
     tree = RadixTree()
     started = time.perf_counter()
     report = started
@@ -223,7 +223,7 @@ def path_depth(tree: RadixTree, key: Any) -> int:
 
 def realistic(text: bool, seed: int, nodes: int, matches: int, inserts: int) -> dict[str, Any]:
     label = "text" if text else "token"
-    workload = Workload(seed, text)
+    workload = RadixWorkload(seed, text)
     tree, build_s = build(workload, nodes, label)
     stats = tree.stats()
     print(f"  built the {label} tree in {build_s:.1f} s: {stats}", flush=True)
@@ -262,7 +262,7 @@ def realistic(text: bool, seed: int, nodes: int, matches: int, inserts: int) -> 
 
 
 def timings(
-    tree: RadixTree, workload: Workload, seed: int, matches: int, inserts: int
+    tree: RadixTree, workload: RadixWorkload, seed: int, matches: int, inserts: int
 ) -> dict[str, Any]:
     label = "text" if workload.text else "token"
     result: dict[str, Any] = {}

@@ -53,7 +53,7 @@ VOCABULARY = 2000
 
 
 @dataclass
-class Conversation:
+class RoutingConversation:
     tenant: int
     words: list[int]
     text: str
@@ -69,7 +69,7 @@ class Event:
 
 
 @dataclass
-class Workload:
+class RoutingWorkload:
     """The request stream: deterministic in the seed, independent of routing decisions."""
 
     seed: int
@@ -95,8 +95,8 @@ class Workload:
 
     def events(self, count: int) -> Iterator[Event]:
         rng = self.rng
-        idle: list[list[Conversation]] = [[] for _ in range(TENANTS)]
-        in_flight: list[tuple[str, Conversation]] = []
+        idle: list[list[RoutingConversation]] = [[] for _ in range(TENANTS)]
+        in_flight: list[tuple[str, RoutingConversation]] = []
         for number in range(count):
             tenant = rng.choices(range(TENANTS), weights=self.rates)[0]
             message = self._words(20, 150)
@@ -108,7 +108,7 @@ class Workload:
             else:
                 system = self.systems[tenant][rng.randrange(2)]
                 words = system + message
-                conversation = Conversation(tenant, words, self._text(words))
+                conversation = RoutingConversation(tenant, words, self._text(words))
             request_id = f"r{number}"
             key: Any = (
                 [1000 + word for word in conversation.words] if self.tokens else conversation.text
@@ -136,7 +136,7 @@ def run(name: str, tokens: bool, warmup: int, measured: int, seed: int) -> dict[
     if shadow is None:  # load-only routers: record their decisions in a tree of our own
         shadow = RadixTree(max_tokens=DEFAULT_TREE_TOKENS)
     assert isinstance(shadow, RadixTree)
-    events = Workload(seed, tokens).events(warmup + measured)
+    events = RoutingWorkload(seed, tokens).events(warmup + measured)
     started = time.perf_counter()
     for event in itertools.islice(events, warmup):
         worker = router.route(event.request).worker

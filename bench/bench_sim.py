@@ -56,7 +56,7 @@ GOAL_TOKENS_PER_S = 1_000_000
 
 
 @dataclass(frozen=True)
-class Scenario:
+class SimScenario:
     name: str
     workload: str
     duration: float  # virtual seconds of arrivals; the run then drains them all
@@ -70,8 +70,8 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("vtc-1w", "vtc_overload", 360.0, 1, "vtc", "round_robin", "llama2-7b-a10g"),
-    Scenario(
+    SimScenario("vtc-1w", "vtc_overload", 360.0, 1, "vtc", "round_robin", "llama2-7b-a10g"),
+    SimScenario(
         "dlpm-8w",
         "dlpm_shared_prefix",
         120.0,
@@ -82,7 +82,7 @@ SCENARIOS = [
         {"clients": 16},
         worker_quantum=100_000.0,
     ),
-    Scenario(
+    SimScenario(
         "lmsys-64w",
         "lmsys_like",
         20.0,
@@ -92,7 +92,7 @@ SCENARIOS = [
         "llama2-7b-a10g",
         {"rate": 64 * 8.0, "tenants": 100},
     ),
-    Scenario(
+    SimScenario(
         "big-1000w",
         "lmsys_like",
         8.0,
@@ -106,7 +106,7 @@ SCENARIOS = [
 ]
 
 
-def quick(scenario: Scenario) -> Scenario:
+def quick(scenario: SimScenario) -> SimScenario:
     """The same scenario at toy size."""
     if scenario.name == "big-1000w":
         params = {**scenario.params, "rate": 100 * 8.0, "tenants": 1000}
@@ -121,7 +121,7 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_once(scenario: Scenario, progress: bool) -> dict[str, Any]:
+def run_once(scenario: SimScenario, progress: bool) -> dict[str, Any]:
     started = time.perf_counter()
     trace = generate(scenario.workload, duration=scenario.duration, seed=0, **scenario.params)
     trace_s = time.perf_counter() - started
@@ -188,7 +188,7 @@ class _Progress:
             print(f"  {self.name}: t = {now:.1f} s after {elapsed:.0f} s", file=sys.stderr)
 
 
-def run_scenario(scenario: Scenario, repeat: int) -> dict[str, Any]:
+def run_scenario(scenario: SimScenario, repeat: int) -> dict[str, Any]:
     """Run in this process (the child): pinned to one core, timed `repeat` times."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -197,7 +197,7 @@ def run_scenario(scenario: Scenario, repeat: int) -> dict[str, Any]:
     return {**asdict(scenario), **best, "wall_s_all": [run["wall_s"] for run in runs]}
 
 
-def run_child(scenario: Scenario, repeat: int, is_quick: bool) -> dict[str, Any]:
+def run_child(scenario: SimScenario, repeat: int, is_quick: bool) -> dict[str, Any]:
     command = [sys.executable, __file__, "--scenario", scenario.name, "--repeat", str(repeat)]
     if is_quick:
         command.append("--quick")

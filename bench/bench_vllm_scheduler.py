@@ -48,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_results
 
+from fairpool.sim.metrics import percentile
+
 CONFIGURATIONS = {
     "stock": None,
     "fairpool dlpm": "dlpm",
@@ -209,8 +211,8 @@ def measure(
     return {
         "calls": len(counted),
         "mean_us": statistics.fmean(whole),
-        "p50_us": statistics.median(whole),
-        "p90_us": statistics.quantiles(whole, n=10)[-1],
+        "p50_us": percentile(whole, 0.5),
+        "p90_us": percentile(whole, 0.9),
         # vLLM's own work: its schedule() less the waiting queue's methods it called.
         "vllm_us": statistics.fmean((inner - queue) / 1000 for _, inner, queue in counted),
         # The queue's methods plus whatever the plugin does around vLLM's schedule().

@@ -36,6 +36,8 @@ from typing import Protocol
 
 import httpx
 
+from fairpool.sim.metrics import percentile
+
 DONE = b"data: [DONE]"
 
 
@@ -334,7 +336,7 @@ CLIENTS: dict[str, Callable[[str, int], Client]] = {"raw": RawClient, "httpx": H
 
 
 @dataclass(frozen=True)
-class Request:
+class OutgoingRequest:
     """What to send: path, body, headers, and the tenant it is counted for."""
 
     tenant: str
@@ -343,10 +345,10 @@ class Request:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-MakeRequest = Callable[[int], Request]
+MakeRequest = Callable[[int], OutgoingRequest]
 
 
-async def send(client: Client, request: Request, scheduled: float) -> Sample:
+async def send(client: Client, request: OutgoingRequest, scheduled: float) -> Sample:
     sample = Sample(tenant=request.tenant, scheduled=scheduled, started=scheduled)
     return await client.post(request.path, request.body, request.headers, sample)
 
@@ -422,17 +424,9 @@ class Flood:
         )
 
 
-def quantile(values: list[float], fraction: float) -> float:
-    """The `fraction` quantile (nearest rank) of `values`; 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
-
-
 def summary_ms(values: list[float]) -> dict[str, float]:
-    """p50/p90/p99/max of seconds, in milliseconds."""
+    """p50/p90/p99/max of seconds (nearest rank), in milliseconds; 0 for none."""
     return {
-        f"{name}_ms": round(1000 * quantile(values, fraction), 3)
+        f"{name}_ms": round(1000 * (percentile(values, fraction) or 0.0), 3)
         for name, fraction in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
     }

@@ -254,7 +254,7 @@ class Tenant:
 
 
 @dataclass
-class Running:
+class RunningProxy:
     """A proxy that is up: where clients send requests, and its process (if any)."""
 
     proxy: Proxy
@@ -304,12 +304,12 @@ class Proxy:
 
     def start(
         self, workers: list[str], tenants: list[Tenant], cores: str | None, logs: Path
-    ) -> Running:
+    ) -> RunningProxy:
         """Start in front of `workers`; return once a request through it succeeds."""
         port = free_port()
         command, config = self.command(port, workers, tenants, logs)
         process = spawn(self.label.replace(":", "-"), command, cores, logs)
-        running = Running(self, [(HOST, port)], process, config)
+        running = RunningProxy(self, [(HOST, port)], process, config)
         try:
             wait_until(
                 lambda: probe(running, tenants[0]), process, self.startup_timeout, self.label
@@ -320,7 +320,7 @@ class Proxy:
         return running
 
 
-def probe(running: Running, tenant: Tenant) -> bool:
+def probe(running: RunningProxy, tenant: Tenant) -> bool:
     """One small chat completion through the proxy (to every target): all 200?"""
     body, headers = running.proxy.tenant_fields(tenant)
     request = {
@@ -344,12 +344,12 @@ class Direct(Proxy):
 
     def start(
         self, workers: list[str], tenants: list[Tenant], cores: str | None, logs: Path
-    ) -> Running:
+    ) -> RunningProxy:
         targets = []
         for url in workers:
             host, port = url.removeprefix("http://").rsplit(":", 1)
             targets.append((host, int(port)))
-        running = Running(self, targets)
+        running = RunningProxy(self, targets)
         wait_until(lambda: probe(running, tenants[0]), None, 30, "workers")
         return running
 

@@ -14,6 +14,8 @@ COPY fairpool/ fairpool/
 COPY gateway/ gateway/
 COPY engine/ engine/
 COPY operator/ operator/
+COPY cli/ cli/
+COPY reproduce/ reproduce/
 RUN python -m venv --without-pip /opt/fairpool \
     && python -m pip --python /opt/fairpool/bin/python install \
         --no-cache-dir --disable-pip-version-check ".[engine]"

@@ -20,6 +20,8 @@ COPY fairpool/ fairpool/
 COPY gateway/ gateway/
 COPY engine/ engine/
 COPY operator/ operator/
+COPY cli/ cli/
+COPY reproduce/ reproduce/
 RUN python -m pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
         --wheel-dir /wheels .
 

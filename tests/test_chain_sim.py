@@ -8,7 +8,10 @@ import random
 
 import pytest
 
-from fairpool.placement.baselines import (
+from fairpool.placement.bounds import chain_bounds
+from fairpool.placement.model import Chain, ChainProblem, Placement, Server
+from fairpool.sched.errors import ConfigError
+from fairpool.sim.chain_baselines import (
     PlacementGraph,
     bprr_design_concurrency,
     bprr_placement,
@@ -17,21 +20,18 @@ from fairpool.placement.baselines import (
     validate_placement,
     whole_model_chains,
 )
-from fairpool.placement.bounds import chain_bounds
-from fairpool.placement.model import Chain, ChainProblem, Placement, Server
-from fairpool.sched.errors import ConfigError
-from fairpool.sim import reproduce_chains as rc
 from fairpool.sim.chains import (
     ChainDispatch,
+    ChainJob,
     CommCharge,
     Dispatcher,
-    Job,
     SimulationError,
     comm_seconds,
     make_route,
     poisson_jobs,
     simulate,
 )
+from fairpool_reproduce import chains as rc
 
 GB = 10**9
 
@@ -125,11 +125,11 @@ def test_a_dispatcher_that_starts_jobs_without_slots_is_caught() -> None:
     route = make_route(problem, (0,), (problem.layers,))
 
     class Greedy(Dispatcher):
-        def arrive(self, job: Job, now: float) -> list[Job]:
+        def arrive(self, job: ChainJob, now: float) -> list[ChainJob]:
             job.route = route
             return [job]
 
-        def depart(self, job: Job, now: float) -> list[Job]:
+        def depart(self, job: ChainJob, now: float) -> list[ChainJob]:
             return []
 
         def queued(self) -> int:
@@ -153,7 +153,7 @@ def test_communication_once_or_per_output_token() -> None:
 # --------------------------------------------------------------------------- baselines
 
 
-def bloom_fleets(count: int) -> list[rc.Fleet]:
+def bloom_fleets(count: int) -> list[rc.ChainFleet]:
     fleets = []
     for seed in range(count):
         rng = random.Random(seed)

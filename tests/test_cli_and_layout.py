@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fairpool.cli import main
+from fairpool_cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,10 +73,64 @@ def test_console_script_runs():
     assert result.returncode == 0 and "fairpool" in result.stdout
 
 
-@pytest.mark.parametrize("component", ["operator", "gateway", "engine"])
-def test_component_folders_have_no_init_of_their_own(component):
-    assert not (ROOT / component / "__init__.py").exists()
-    assert (ROOT / component / f"fairpool_{component}" / "__init__.py").exists()
+#: The folders beside the core library, each holding one import package: the components
+#: (deployed on their own) and the programs (the command line and the tools around it).
+COMPONENTS = {
+    "operator": "fairpool_operator",
+    "gateway": "fairpool_gateway",
+    "engine": "fairpool_engine",
+}
+PROGRAMS = {"cli": "fairpool_cli", "reproduce": "fairpool_reproduce"}
+FOLDERS = COMPONENTS | PROGRAMS
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_component_and_program_folders_have_no_init_of_their_own(folder):
+    assert not (ROOT / folder / "__init__.py").exists()
+    assert (ROOT / folder / FOLDERS[folder] / "__init__.py").exists()
+
+
+def test_every_mapped_folder_is_a_component_or_a_program():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    expected = {package: f"{folder}/{package}" for folder, package in FOLDERS.items()}
+    assert config["package-dir"] == expected
+
+
+def imported_top_level(package_folder: Path) -> dict[str, set[str]]:
+    """Every top-level package that a file under `package_folder` imports (anywhere in the
+    file: lazy imports inside functions count), by file."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(package_folder.rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_the_core_library_imports_no_component_and_no_program():
+    ours = set(COMPONENTS.values()) | set(PROGRAMS.values())
+    offenders = {
+        path: sorted(names & ours)
+        for path, names in imported_top_level(ROOT / "fairpool").items()
+        if names & ours
+    }
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("folder", sorted(COMPONENTS))
+def test_a_component_imports_the_core_library_and_itself_only(folder):
+    package = COMPONENTS[folder]
+    others = (set(COMPONENTS.values()) | set(PROGRAMS.values())) - {package}
+    offenders = {
+        path: sorted(names & others)
+        for path, names in imported_top_level(ROOT / folder / package).items()
+        if names & others
+    }
+    assert offenders == {}
 
 
 def test_import_operator_is_the_standard_library_even_with_the_root_first_on_sys_path():
@@ -91,7 +146,7 @@ def test_import_operator_is_the_standard_library_even_with_the_root_first_on_sys
 
 def test_python_dash_m_works_from_the_repository_root():
     result = subprocess.run(
-        [sys.executable, "-m", "fairpool.cli", "--version"],
+        [sys.executable, "-m", "fairpool_cli", "--version"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -114,3 +169,49 @@ def test_packaging_lists_every_package_on_disk():
     assert on_disk == declared
     for package, folder in config["package-dir"].items():
         assert (ROOT / folder / "__init__.py").exists(), package
+
+
+def core_subpackage_imports() -> dict[str, set[str]]:
+    """Which of the core library's subpackages (api, sched, placement, sim) each imports."""
+    graph: dict[str, set[str]] = {}
+    core = ROOT / "fairpool"
+    for path in sorted(core.rglob("*.py")):
+        parts = path.relative_to(core).parts
+        if len(parts) < 2:
+            continue  # fairpool/*.py: helpers beside the subpackages
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module)
+        targets = {name.split(".")[1] for name in imported if name.startswith("fairpool.")}
+        graph.setdefault(parts[0], set()).update(targets - {parts[0]})
+    return graph
+
+
+def test_the_core_subpackages_import_each_other_without_a_cycle():
+    graph = core_subpackage_imports()
+    path: list[str] = []
+    done: set[str] = set()
+
+    def visit(package: str) -> None:
+        if package in path:
+            cycle = [*path[path.index(package) :], package]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if package in done:
+            return
+        path.append(package)
+        for target in sorted(graph.get(package, ())):
+            visit(target)
+        path.pop()
+        done.add(package)
+
+    for package in sorted(graph):
+        visit(package)
+
+
+def test_placement_does_not_import_the_simulator():
+    # The chain simulator uses placement (chains, capacities); the other way round was a
+    # cycle (the PETALS and BPRR baselines, which now live beside the simulator).
+    assert "sim" not in core_subpackage_imports()["placement"]

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from sim_http import drained, sse_events, tenant, wait_until
 
-from fairpool.cli import main
+from fairpool_cli.main import main
 from fairpool_engine.sim_options import SimOptions
 from fairpool_engine.sim_server import ServerThread
 

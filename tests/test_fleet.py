@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairpool.cli import main
 from fairpool.sched import CostModel, Request, TenantWeights
 from fairpool.sim.engine import StepTime
 from fairpool.sim.fleet import Fleet, FleetConfig
 from fairpool.sim.metrics import Recorder, fairness_bound
 from fairpool.sim.trace import TraceRequest, read_trace
+from fairpool_cli.main import main
 
 FAST = StepTime(base=0.01, per_prefill_token=0.0001, per_decode=0.0002)
 

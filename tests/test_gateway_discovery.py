@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fairpool.api.gateway_config import KubernetesWorkers as KubernetesSpec
-from fairpool.api.gateway_config import WorkerSource
+from fairpool.api.gateway_config import KubernetesWorkersSpec, WorkerSource
 from fairpool_gateway.discovery import (
     FileWorkers,
     KubernetesWorkers,
@@ -130,7 +129,7 @@ def test_discovery_for_each_kind_of_source() -> None:
     assert isinstance(static, StaticWorkers) and static.urls == ["http://a:1"]
     file = discovery_for(WorkerSource(file="/etc/fairpool/workers.txt"))
     assert isinstance(file, FileWorkers) and file.path == Path("/etc/fairpool/workers.txt")
-    spec = KubernetesSpec(namespace="llm", service="chat-workers", portName="api")
+    spec = KubernetesWorkersSpec(namespace="llm", service="chat-workers", portName="api")
     kubernetes = discovery_for(WorkerSource(kubernetes=spec))
     assert isinstance(kubernetes, KubernetesWorkers)
     assert (kubernetes.namespace, kubernetes.service, kubernetes.port_name) == (

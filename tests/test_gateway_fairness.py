@@ -177,7 +177,7 @@ def engine_process(**flags: object) -> Iterator[tuple[subprocess.Popen[bytes], s
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "fairpool.cli", "engine-sim", "--port", str(port)]
+    command = [sys.executable, "-m", "fairpool_cli", "engine-sim", "--port", str(port)]
     command += ["--model", MODEL, "--disable-uvicorn-access-log"]
     for flag, value in flags.items():
         command += [f"--{flag.replace('_', '-')}", str(value)]

@@ -207,7 +207,7 @@ class EngineProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "fairpool.cli", "engine-sim", "--port", str(self.port)]
+        command = [sys.executable, "-m", "fairpool_cli", "engine-sim", "--port", str(self.port)]
         command += ["--speedup", "100", "--disable-uvicorn-access-log"]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

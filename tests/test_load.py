@@ -21,21 +21,21 @@ from gateway_helpers import KEYS, MODEL, engines, gateway, gateway_config, tenan
 from rich.console import Console
 from sim_http import metric, wait_until
 
-from fairpool.cli import main
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.trace import TraceRequest, write_trace
-from fairpool_engine.sim_text import render_chat, tokenize
-from fairpool_gateway.load import LoadResult, LoadSpec, PromptShape, TenantSpec, run_load
-from fairpool_gateway.load.live import LiveView
-from fairpool_gateway.load.prompts import TraceText, prompt_source, request_body
-from fairpool_gateway.load.spec import check_url
-from fairpool_gateway.load.stats import Outcome, percentile
-from fairpool_gateway.load.tenants import (
+from fairpool_cli.load import LoadResult, LoadSpec, PromptShape, TenantSpec, run_load
+from fairpool_cli.load.live import LiveView
+from fairpool_cli.load.prompts import TraceText, prompt_source, request_body
+from fairpool_cli.load.spec import check_url
+from fairpool_cli.load.stats import Outcome, TenantStats
+from fairpool_cli.load.tenants import (
     parse_tenant_flag,
     read_tenants_file,
     resolve_tenants,
     tenants_from_manifests,
 )
+from fairpool_cli.main import main
+from fairpool_engine.sim_text import render_chat, tokenize
 
 URL = "http://127.0.0.1:9/v1"  # never contacted: for specs that are only built
 
@@ -436,9 +436,10 @@ def test_ctrl_c_ends_the_cli_run_and_still_prints_the_summary(capsys):
 
 
 def test_percentiles_are_nearest_rank():
-    values = [float(v) for v in (5, 1, 3, 2, 4)]
-    assert (percentile(values, 0.5), percentile(values, 0.99)) == (3.0, 5.0)
-    assert percentile([], 0.5) is None
+    stats = TenantStats("a", 1.0, ttfts=[float(v) for v in (5, 1, 3, 2, 4)])
+    assert (stats.ttft(0.5), stats.ttft(0.99)) == (3.0, 5.0)
+    assert (stats.ttft(0.4), stats.ttft(0.41)) == (2.0, 3.0)  # ranks ⌈2⌉ and ⌈2.05⌉
+    assert stats.latency(0.5) is None
 
 
 def finished_result() -> LoadResult:
@@ -465,7 +466,10 @@ def test_the_live_view_is_a_table_on_a_terminal_and_lines_elsewhere():
 
 
 def test_building_the_parser_does_not_import_httpx():
-    code = "import sys; from fairpool.cli import _parser; _parser(); print('httpx' in sys.modules)"
+    code = (
+        "import sys; from fairpool_cli.main import _parser; _parser(); "
+        "print('httpx' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
 

@@ -56,7 +56,7 @@ class Up:
     def __init__(self, manifests: Path, port: int, *flags: str) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/v1"
-        command = [sys.executable, "-m", "fairpool.cli", "up", "-f", str(manifests)]
+        command = [sys.executable, "-m", "fairpool_cli", "up", "-f", str(manifests)]
         self.process = subprocess.Popen(
             [*command, "--port", str(port), *flags],
             stdout=subprocess.PIPE,
@@ -144,7 +144,7 @@ def test_a_malformed_manifest_fails_before_anything_starts(tmp_path: Path):
     bad.write_text(EXAMPLE.read_text().replace("weight: 2", "weight: -2"))
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "fairpool.cli", "up", "-f", str(bad), "--port", str(free_port())],
+        [sys.executable, "-m", "fairpool_cli", "up", "-f", str(bad), "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=60,
@@ -169,7 +169,7 @@ def engine_pids(up: Up) -> set[int]:
 def test_fairpool_load_through_fairpool_up_gets_shares_close_to_the_weights(tmp_path: Path):
     import asyncio
 
-    from fairpool_gateway.load import LoadSpec, TenantSpec, run_load
+    from fairpool_cli.load import LoadSpec, TenantSpec, run_load
 
     # The example, at a pace this machine keeps up with beside the load generator: real-time
     # engines, 4 requests per engine before requests wait in the gateway's fair queue.

@@ -372,7 +372,7 @@ def test_handlers_are_plain_functions(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fairpool.cli import main
+    from fairpool_cli.main import main
 
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))

@@ -17,8 +17,8 @@ import yaml
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.rendering import engine_arguments
-from fairpool.cli import main
-from fairpool_gateway.local.plan import HOST, engine_process, fairpool_command
+from fairpool_cli.local.plan import HOST, engine_process, fairpool_command
+from fairpool_cli.main import main
 from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import plan_namespace

@@ -32,10 +32,10 @@ from fairpool.api.pool_plan import (
     read_nodes,
     spec_field,
 )
-from fairpool.cli import main
 from fairpool.placement.model import ResponseBounds
 from fairpool.placement.planner import PlannedChain, PoolPlan, check_partition
 from fairpool.sched.errors import ConfigError
+from fairpool_cli.main import main
 from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.dry_run import format_objects, render_files

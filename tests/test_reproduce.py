@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairpool.sim import reproduce
+from fairpool_reproduce import results as reproduce
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_main_writes_results_and_plots(tmp_path, monkeypatch):
 
 
 def test_memory_safe_admission_keeps_within_memory_and_beats_alpha_protection():
-    from fairpool.sim.reproduce_serving import memory_safe_vs_alpha
+    from fairpool_reproduce.serving import memory_safe_vs_alpha
 
     result = memory_safe_vs_alpha(scale=0.1)
     high = result["high"]["rows"]
@@ -165,7 +165,7 @@ def test_memory_safe_admission_keeps_within_memory_and_beats_alpha_protection():
 
 
 def test_slai_starts_requests_sooner_than_sarathi_under_load():
-    from fairpool.sim.reproduce_serving import capacity, slai_vs_sarathi
+    from fairpool_reproduce.serving import capacity, slai_vs_sarathi
 
     result = slai_vs_sarathi(scale=0.2)
     by = {(row["policy"], row["rate"]): row for row in result["rows"]}

@@ -1,8 +1,9 @@
 """The policy an engine runs, following its configuration file while the engine runs.
 
 The operator mounts the file from a ConfigMap; Kubernetes swaps the file atomically when
-the ConfigMap changes, so a changed (mtime, size, inode) is a new version. A version that
-fails to validate is logged and ignored: the engine keeps the last good configuration.
+the ConfigMap changes, so a changed (inode, size, mtime) is a new version (`fairpool.files`).
+A version that fails to validate is logged and ignored: the engine keeps the last good
+configuration.
 A change of tenant weights keeps the policy's state; any other change builds the new
 policy and hands it the waiting and running requests (`LocalPolicy.take_over`). A policy
 given on the command line (`policy_override`) replaces the file's in every version.
@@ -23,6 +24,7 @@ from fairpool.api.scheduler_config import (
     load_scheduler_config,
     parse_scheduler_config,
 )
+from fairpool.files import FileWatch
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policy import LocalPolicy
 
@@ -52,7 +54,7 @@ class LiveScheduler:
         self.policy: LocalPolicy = self.config.make_policy()
         self.reloads = {"applied": 0, "rejected": 0}
         self.last_error: str | None = None
-        self._stamp = self._file_stamp()
+        self._file = FileWatch(self.path) if self.path else None
         self._checked_at = clock()
 
     @classmethod
@@ -64,16 +66,14 @@ class LiveScheduler:
 
     def maybe_reload(self) -> bool:
         """Re-read the file if it changed; True when a new configuration took effect."""
-        if self.path is None:
+        if self._file is None:
             return False
         now = self._clock()
         if now - self._checked_at < self.check_interval:
             return False
         self._checked_at = now
-        stamp = self._file_stamp()
-        if stamp == self._stamp:
+        if not self._file.changed():
             return False
-        self._stamp = stamp
         try:
             config = self._load()
         except ConfigError as error:
@@ -107,12 +107,3 @@ class LiveScheduler:
         document = config.model_dump(by_alias=True)
         document["policy"] = self.policy_override
         return parse_scheduler_config(document, "--policy")
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            stat = self.path.stat()  # follows the ConfigMap's ..data symlink
-        except OSError:
-            return None
-        return (stat.st_mtime_ns, stat.st_size, stat.st_ino)

@@ -52,7 +52,7 @@ class Address(Spec):
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0: any free port).")
 
 
-class KubernetesWorkers(Spec):
+class KubernetesWorkersSpec(Spec):
     """The ready endpoints of the pool's headless Service, from its EndpointSlices."""
 
     namespace: str = Field(min_length=1, description="Namespace of the Service.")
@@ -67,7 +67,7 @@ class WorkerSource(Spec):
     file: str | None = Field(
         default=None, description="A file of base URLs, one per line, re-read on change."
     )
-    kubernetes: KubernetesWorkers | None = Field(default=None, description="Watched endpoints.")
+    kubernetes: KubernetesWorkersSpec | None = Field(default=None, description="Watched endpoints.")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WorkerSource:

@@ -77,7 +77,7 @@ class Resources(Spec):
     memory: str | None = Field(default=None, description="Memory request and limit, e.g. 32Gi.")
 
 
-class SimEngine(Spec):
+class SimEngineSpec(Spec):
     """Options of the simulated engine (`fairpool engine-sim`)."""
 
     profile: str = Field(default="llama3-8b-h100", description="Hardware/model profile.")
@@ -102,7 +102,7 @@ class EngineSpec(Spec):
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list, description="Kubernetes tolerations of the engine pods."
     )
-    sim: SimEngine = Field(default_factory=SimEngine, description="For kind sim only.")
+    sim: SimEngineSpec = Field(default_factory=SimEngineSpec, description="For kind sim only.")
 
 
 class PoolScheduler(Spec):

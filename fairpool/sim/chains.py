@@ -16,7 +16,7 @@ Two kinds of dispatcher share the event loop, the slot ledger and the records:
 - `ChainDispatch`: JFFC (Alg. 3) over chains with capacities, through the core library's
   `fairpool.sched.routers.jffc.JFFC` (the router the gateway runs), with a central FIFO queue;
 - `PathDispatch`: per-request routing over a placement (the PETALS and BPRR baselines of
-  `fairpool.placement.baselines`): the policy picks a route when the job arrives, the job is
+  `fairpool.sim.chain_baselines`): the policy picks a route when the job arrives, the job is
   committed to it and starts once every server on it has the slots. Waiting jobs start in
   arrival order, first fit: one whose route is still short of slots does not hold back a later
   job whose route has them, and a waiting job holds no slots (all-or-nothing; no deadlock).
@@ -112,7 +112,7 @@ def placement_slots(problem: ChainProblem, placement: Placement) -> tuple[int, .
 
 
 @dataclass
-class Job:
+class ChainJob:
     """One request: when it arrived, its size r, and what happened to it."""
 
     index: int
@@ -143,7 +143,7 @@ class SlotLedger:
         self.used = [0] * len(capacity)
         self.peak = [0] * len(capacity)
         #: Per server: the running jobs holding slots there.
-        self.holders: list[dict[int, Job]] = [{} for _ in capacity]
+        self.holders: list[dict[int, ChainJob]] = [{} for _ in capacity]
 
     def free(self, server: int) -> int:
         return self.capacity[server] - self.used[server]
@@ -151,7 +151,7 @@ class SlotLedger:
     def fits(self, route: Route) -> bool:
         return all(self.free(j) >= m for j, m in zip(route.servers, route.processed, strict=True))
 
-    def take(self, job: Job) -> None:
+    def take(self, job: ChainJob) -> None:
         assert job.route is not None
         if not self.fits(job.route):
             raise SimulationError(f"{job.name} started on {job.route.servers} without the slots")
@@ -160,7 +160,7 @@ class SlotLedger:
             self.peak[j] = max(self.peak[j], self.used[j])
             self.holders[j][job.index] = job
 
-    def give(self, job: Job) -> None:
+    def give(self, job: ChainJob) -> None:
         assert job.route is not None
         for j, m in zip(job.route.servers, job.route.processed, strict=True):
             self.used[j] -= m
@@ -190,10 +190,10 @@ class Dispatcher(ABC):
         self.ledger = SlotLedger(self.slots)
 
     @abstractmethod
-    def arrive(self, job: Job, now: float) -> list[Job]: ...
+    def arrive(self, job: ChainJob, now: float) -> list[ChainJob]: ...
 
     @abstractmethod
-    def depart(self, job: Job, now: float) -> list[Job]: ...
+    def depart(self, job: ChainJob, now: float) -> list[ChainJob]: ...
 
     @abstractmethod
     def queued(self) -> int:
@@ -232,7 +232,7 @@ class ChainDispatch(Dispatcher):
                     f"capacities need {needed} cache slots at server {j}, it has {have} "
                     "(constraint (3))",
                 )
-        self._queue: deque[Job] = deque()
+        self._queue: deque[ChainJob] = deque()
         self.router = JFFC(self.routes, chains=self.profiles)
 
     def reset(self) -> None:
@@ -240,18 +240,18 @@ class ChainDispatch(Dispatcher):
         self._queue.clear()
         self.router = JFFC(self.routes, chains=self.profiles)
 
-    def _dispatch(self, job: Job) -> Job:
+    def _dispatch(self, job: ChainJob) -> ChainJob:
         worker = self.router.route(RouteRequest(job.name, "sim", (), 0)).worker
         job.route = self.routes[worker]
         return job
 
-    def arrive(self, job: Job, now: float) -> list[Job]:
+    def arrive(self, job: ChainJob, now: float) -> list[ChainJob]:
         if self.router.has_room():
             return [self._dispatch(job)]
         self._queue.append(job)
         return []
 
-    def depart(self, job: Job, now: float) -> list[Job]:
+    def depart(self, job: ChainJob, now: float) -> list[ChainJob]:
         self.router.complete(job.name)
         if self._queue and self.router.has_room():
             return [self._dispatch(self._queue.popleft())]
@@ -273,7 +273,7 @@ class ChainDispatch(Dispatcher):
 class PathPolicy(Protocol):
     """A baseline's request routing: the route a job takes, chosen when it arrives."""
 
-    def choose(self, job: Job, now: float, ledger: SlotLedger) -> Route: ...
+    def choose(self, job: ChainJob, now: float, ledger: SlotLedger) -> Route: ...
 
 
 class PathDispatch(Dispatcher):
@@ -284,13 +284,13 @@ class PathDispatch(Dispatcher):
         super().__init__(name, slots)
         self.policy = policy
         #: Jobs waiting for slots, in arrival order, each with the server it is short at.
-        self._waiting: list[tuple[Job, int]] = []
+        self._waiting: list[tuple[ChainJob, int]] = []
 
     def reset(self) -> None:
         super().reset()
         self._waiting.clear()
 
-    def arrive(self, job: Job, now: float) -> list[Job]:
+    def arrive(self, job: ChainJob, now: float) -> list[ChainJob]:
         job.route = self.policy.choose(job, now, self.ledger)
         for j, m in zip(job.route.servers, job.route.processed, strict=True):
             if m > self.slots[j]:
@@ -306,13 +306,13 @@ class PathDispatch(Dispatcher):
         self._waiting.append((job, short))
         return []
 
-    def depart(self, job: Job, now: float) -> list[Job]:
+    def depart(self, job: ChainJob, now: float) -> list[ChainJob]:
         assert job.route is not None
         freed = frozenset(job.route.servers)
         # Reserve as we go, so that two waiting jobs are not both started on the same slots.
         taken: dict[int, int] = {}
-        starting: list[Job] = []
-        still: list[tuple[Job, int]] = []
+        starting: list[ChainJob] = []
+        still: list[tuple[ChainJob, int]] = []
         for waiting, short in self._waiting:
             # Slots at `short` have not grown since it was last checked unless it just freed.
             if short in freed:
@@ -412,7 +412,7 @@ def simulate(
     ledger = dispatcher.ledger
     # Events: (time, kind, sequence, job); completions (kind 0) before arrivals (kind 1) at
     # equal times, so a freed slot is there for the arrival.
-    events: list[tuple[float, int, int, Job]] = []
+    events: list[tuple[float, int, int, ChainJob]] = []
     sequence = 0
     last_arrival = -math.inf
     for index, (arrival, size) in enumerate(jobs):
@@ -420,15 +420,15 @@ def simulate(
             raise ConfigError("jobs", "must be in arrival order")
         require_non_negative("job size", size)
         last_arrival = arrival
-        events.append((arrival, 1, sequence, Job(index, arrival, size)))
+        events.append((arrival, 1, sequence, ChainJob(index, arrival, size)))
         sequence += 1
     arrived = sequence
     heapq.heapify(events)
-    finished: list[Job] = []
+    finished: list[ChainJob] = []
     started_order: list[int] = []
     now = 0.0
 
-    def start(job: Job) -> None:
+    def start(job: ChainJob) -> None:
         nonlocal sequence
         assert job.route is not None
         ledger.take(job)
@@ -482,16 +482,16 @@ def batch_stderr(values: Sequence[float], batches: int = 20) -> float:
     return statistics.stdev(means) / math.sqrt(batches)
 
 
-def _response(job: Job) -> float:
+def _response(job: ChainJob) -> float:
     assert job.finish is not None
     return job.finish - job.arrival
 
 
-def _waiting(job: Job) -> float:
+def _waiting(job: ChainJob) -> float:
     assert job.start is not None
     return job.start - job.arrival
 
 
-def _service(job: Job) -> float:
+def _service(job: ChainJob) -> float:
     assert job.finish is not None and job.start is not None
     return job.finish - job.start

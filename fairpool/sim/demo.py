@@ -13,7 +13,6 @@ Two scenarios, each run under every policy with the same arrivals:
 from __future__ import annotations
 
 import random
-import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ from fairpool.sched.cost import TenantWeights
 from fairpool.sched.registry import make_policy, policy_parameters
 from fairpool.sched.requests import Request
 from fairpool.sim.engine import SimEngine, StepTime
-from fairpool.sim.metrics import jain_index
+from fairpool.sim.metrics import jain_index, percentile
 
 # Roughly Llama-2-7B on one A10G with a 10,000-token KV pool, the VTC paper's set-up:
 # ~1.7 requests/s of 256 in / 256 out.
@@ -165,7 +164,7 @@ def _summarise(
                 finished=len(done),
                 service=served[tenant],
                 share=served[tenant] / total,
-                ttft_p50=statistics.median(ttfts) if ttfts else None,
+                ttft_p50=percentile(ttfts, 0.5),
             )
         )
     finished_tokens = sum(c.request.prompt_tokens + c.output_tokens for c in engine.completions)

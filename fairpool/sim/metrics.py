@@ -10,7 +10,7 @@ interval that is max − min of D(t) = W_f(t)/w_f − W_g(t)/w_g over the interv
 from __future__ import annotations
 
 import bisect
-import statistics
+import math
 from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,11 +32,26 @@ def jain_index(values: list[float]) -> float:
     return total * total / (len(values) * squares) if squares else 1.0
 
 
-def percentile(values: list[float], fraction: float) -> float | None:
-    if not values:
-        return None
+def percentile(values: Iterable[float], fraction: float) -> float | None:
+    """The `fraction` (0 to 1) percentile of `values` by the nearest-rank method; None for
+    no values. Every percentile fairpool reports comes from here: the simulator's, `fairpool
+    load`'s, the reproductions' and the benchmarks', so that their p99s compare.
+
+    Nearest rank: the smallest value v of the sample with at least a fraction `fraction` of
+    the values ≤ v, i.e. the value of rank ⌈fraction·n⌉ in ascending order (rank 1, the
+    minimum, for fraction 0); p50 of an even count is the lower middle value.
+
+    Why nearest rank and not linear interpolation: the answer is always a value of the
+    sample, a latency some request had rather than one between two requests that none had
+    (p99 of 50 requests is the slowest one); and it leaves nothing to agree on, where
+    interpolation comes in several schemes that differ in thin tails.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"a percentile's fraction is within [0, 1], got {fraction}")
     ordered = sorted(values)
-    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+    if not ordered:
+        return None
+    return ordered[max(math.ceil(fraction * len(ordered)), 1) - 1]
 
 
 @dataclass
@@ -189,11 +204,11 @@ class Recorder:
                 "service": round(self._total.get(name, 0.0), 3),
                 "input_tokens": sum(c.request.prompt_tokens for c in done),
                 "output_tokens": sum(c.output_tokens for c in done),
-                "ttft_p50": _rounded(statistics.median(ttfts) if ttfts else None),
+                "ttft_p50": _rounded(percentile(ttfts, 0.5)),
                 "ttft_p99": _rounded(percentile(ttfts, 0.99)),
-                "latency_p50": _rounded(statistics.median(latencies) if latencies else None),
+                "latency_p50": _rounded(percentile(latencies, 0.5)),
                 "latency_p99": _rounded(percentile(latencies, 0.99)),
-                "tbt_p50": _rounded(statistics.median(gaps) if gaps else None),
+                "tbt_p50": _rounded(percentile(gaps, 0.5)),
                 "tbt_p99": _rounded(percentile(gaps, 0.99)),
                 "backlogged_s": round(sum(e - s for s, e in self.backlog.get(name, [])), 3),
             }

@@ -17,11 +17,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fairpool.api.gateway_config import WorkerSource, check_worker_url
+from fairpool.files import FileWatch
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -77,24 +77,6 @@ def parse_worker_file(text: str, source: str) -> list[str]:
     return unique(urls)
 
 
-@dataclass(frozen=True)
-class FileVersion:
-    """What tells two versions of a file apart without reading it."""
-
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-def file_version(path: Path) -> FileVersion | None:
-    """The version of the file at `path` (links followed), or None when it cannot be seen."""
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return FileVersion(status.st_ino, status.st_size, status.st_mtime_ns)
-
-
 class FileWorkers:
     """Base URLs from a file, one per line with '#' comments, re-read when it changes.
 
@@ -111,11 +93,10 @@ class FileWorkers:
 
     async def run(self, update: Update) -> None:
         published: list[str] | None = None
-        seen: FileVersion | None = None
+        watch = await asyncio.to_thread(FileWatch, self.path)
         while True:
-            version = await asyncio.to_thread(file_version, self.path)
-            if published is None or version != seen:
-                seen = version
+            changed = await asyncio.to_thread(watch.changed)
+            if published is None or changed:
                 urls = await asyncio.to_thread(self._read, published or [])
                 if urls is not None and urls != published:
                     log.info("worker file %s lists %d workers", self.path, len(urls))

@@ -12,6 +12,7 @@ import aiohttp
 import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
+from fairpool.files import FileWatch
 from fairpool.front import TenantLimiter
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
@@ -40,7 +41,7 @@ class Gateway:
         self._by_model: dict[str, Pool] = {}
         self._reloader: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
-        self._config_stamp = _stamp(self.config_path)
+        self._config_file = FileWatch(self.config_path) if self.config_path else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -103,13 +104,11 @@ class Gateway:
         self._by_model = {pool.spec.model: pool for pool in self.pools.values()}
 
     async def _watch_config(self) -> None:
-        assert self.config_path is not None
+        assert self.config_path is not None and self._config_file is not None
         while True:
             await asyncio.sleep(RELOAD_INTERVAL)
-            stamp = _stamp(self.config_path)
-            if stamp == self._config_stamp:
+            if not self._config_file.changed():
                 continue
-            self._config_stamp = stamp
             try:
                 config = load_gateway_config(self.config_path)
             except ConfigError as error:
@@ -156,13 +155,3 @@ class Gateway:
         for name, pool in self.pools.items():
             for worker, healthy, outstanding in pool.worker_states():
                 yield name, worker, healthy, outstanding
-
-
-def _stamp(path: Path | None) -> tuple[float, int, int] | None:
-    if path is None:
-        return None
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return (status.st_mtime, status.st_size, status.st_ino)

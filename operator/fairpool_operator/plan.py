@@ -29,7 +29,7 @@ from fairpool.api.gateway_config import (
     ChainWorker,
     GatewayConfig,
     GatewayPool,
-    KubernetesWorkers,
+    KubernetesWorkersSpec,
     WorkerSource,
     api_keys,
     gateway_pool,
@@ -61,7 +61,11 @@ class Problem:
 
 
 @dataclass
-class PoolPlan:
+class DesiredPool:
+    """One InferencePool as the operator wants it: the objects to create for it, why it is
+    not (fully) in effect, and its chain plan (`fairpool.placement.PoolPlan`) when it has
+    spec.placement."""
+
     name: str
     body: Mapping[str, Any]
     pool: InferencePool | None  # None: invalid, nothing rendered
@@ -83,7 +87,7 @@ class TenantPlan:
 
 @dataclass
 class NamespacePlan:
-    pools: list[PoolPlan]
+    pools: list[DesiredPool]
     tenants: list[TenantPlan]
     gateway: GatewayConfig
     gateway_secret: Manifest
@@ -173,7 +177,7 @@ def secret_names(quotas: Iterable[Mapping[str, Any]]) -> set[str]:
     return names
 
 
-def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[PoolPlan]:
+def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[DesiredPool]:
     """Each pool validated, by name; of pools serving the same model the oldest wins."""
     plans = []
     models: dict[str, str] = {}
@@ -181,20 +185,20 @@ def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[PoolPlan]:
         name = str(body.get("metadata", {}).get("name", ""))
         parsed = _parse(InferencePool, "InferencePool", body)
         if isinstance(parsed, Problem):
-            plans.append(PoolPlan(name, body, None, problem=parsed))
+            plans.append(DesiredPool(name, body, None, problem=parsed))
         elif not POOL_NAME.match(name):
             message = "metadata.name: must start with a letter and have at most 56 characters"
-            plans.append(PoolPlan(name, body, None, problem=Problem("InvalidSpec", message)))
+            plans.append(DesiredPool(name, body, None, problem=Problem("InvalidSpec", message)))
         elif parsed.spec.model.name in models:
             owner = models[parsed.spec.model.name]
             message = (
                 f"spec.model.name: model {parsed.spec.model.name!r} is already served by "
                 f"InferencePool {owner}"
             )
-            plans.append(PoolPlan(name, body, None, problem=Problem("DuplicateModel", message)))
+            plans.append(DesiredPool(name, body, None, problem=Problem("DuplicateModel", message)))
         else:
             models[parsed.spec.model.name] = name
-            plans.append(PoolPlan(name, body, parsed))
+            plans.append(DesiredPool(name, body, parsed))
     return sorted(plans, key=lambda plan: plan.name)
 
 
@@ -251,7 +255,7 @@ def _keys(
 
 
 def _kept_entries(
-    plans: list[PoolPlan], entries: list[GatewayPool], previous: GatewayConfig | None
+    plans: list[DesiredPool], entries: list[GatewayPool], previous: GatewayConfig | None
 ) -> list[GatewayPool]:
     """Gateway entries of pools that are invalid now, as last written, while they collide with
     no valid pool: a bad edit does not take a serving pool off the gateway."""
@@ -268,7 +272,7 @@ def _kept_entries(
 
 
 def _plan_chains(
-    plan: PoolPlan,
+    plan: DesiredPool,
     quotas: list[TenantQuota],
     config: OperatorConfig,
     nodes: Sequence[Mapping[str, Any]] | None,
@@ -289,7 +293,7 @@ def _plan_chains(
     plan.objects = [scheduler_configmap(pool, quotas, config.namespace), *objects]
 
 
-def _gateway_entry(plan: PoolPlan, config: OperatorConfig) -> GatewayPool:
+def _gateway_entry(plan: DesiredPool, config: OperatorConfig) -> GatewayPool:
     """A pool's workers: its headless Service's endpoints, or its chains' Services."""
     assert plan.pool is not None
     if plan.chains is None:
@@ -309,7 +313,7 @@ def _gateway_entry(plan: PoolPlan, config: OperatorConfig) -> GatewayPool:
 
 def _workers(pool: InferencePool, config: OperatorConfig) -> WorkerSource:
     service = contract.engine_name(pool.name)
-    source = KubernetesWorkers(namespace=config.namespace, service=service, portName="http")
+    source = KubernetesWorkersSpec(namespace=config.namespace, service=service, portName="http")
     return WorkerSource(kubernetes=source)
 
 

@@ -43,8 +43,8 @@ from fairpool_operator.api import (
 )
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import (
+    DesiredPool,
     NamespacePlan,
-    PoolPlan,
     Problem,
     needs_nodes,
     plan_namespace,
@@ -168,7 +168,7 @@ class Reconciler:
 
     # ------------------------------------------------------------------ internals
 
-    def _reconcile_pool(self, plan: PoolPlan, writes: list[Write]) -> None:
+    def _reconcile_pool(self, plan: DesiredPool, writes: list[Write]) -> None:
         deployment: dict[str, Any] | None = None
         workloads: list[dict[str, Any]] = []
         problem = plan.problem

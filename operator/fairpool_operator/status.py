@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fairpool_operator import contract
-from fairpool_operator.plan import PoolPlan, Problem, TenantPlan
+from fairpool_operator.plan import DesiredPool, Problem, TenantPlan
 
 #: Degraded reasons that only a full reconcile can establish (they need every pool); a
 #: status refresh of one pool keeps them as they are.
@@ -42,7 +42,7 @@ def condition(
 
 
 def pool_status(
-    plan: PoolPlan, deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+    plan: DesiredPool, deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """What the pool's status should say (conditions without transition times)."""
     generation = _generation(plan.body)

@@ -14,7 +14,7 @@ from typing import Any
 from fairpool.api.status import PlacementStatus
 from fairpool.placement.planner import PoolPlan as ChainPlan
 from fairpool_operator import contract
-from fairpool_operator.plan import PoolPlan
+from fairpool_operator.plan import DesiredPool
 from fairpool_operator.status import _endpoint, _failure, _generation, _is_served, _name, condition
 
 #: Seconds in the status are rounded to this many decimals (a replan with the same inputs
@@ -36,7 +36,7 @@ def placement_status(chains: ChainPlan) -> dict[str, Any]:
 
 
 def chains_pool_status(
-    plan: PoolPlan,
+    plan: DesiredPool,
     workloads: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def chains_pool_status(
     return result
 
 
-def _chains_wanted(plan: PoolPlan, workloads: Sequence[Mapping[str, Any]]) -> int:
+def _chains_wanted(plan: DesiredPool, workloads: Sequence[Mapping[str, Any]]) -> int:
     """Chains of the plan; without one (a status refresh), chains with a workload."""
     if plan.chains is not None:
         return len(plan.chains.chains)

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fairpool.cli import _parser
 from fairpool.placement.planner import check_partition
+from fairpool_cli.main import _parser
 from fairpool_engine.vllm_launch import vllm_command
 from fairpool_engine.vllm_main import _patch_cpu_build_version
 from fairpool_operator.config import OperatorConfig

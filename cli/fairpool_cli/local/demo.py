@@ -24,9 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fairpool.sched.errors import ConfigError
-from fairpool_gateway.load import LoadResult, LoadSpec, TenantSpec, run_load
-from fairpool_gateway.load.stats import percentile
-from fairpool_gateway.load.tenants import tenants_from_manifests
+from fairpool_cli.load import LoadResult, LoadSpec, TenantSpec, run_load
+from fairpool_cli.load.tenants import tenants_from_manifests
 
 EXAMPLE = Path("examples/local.yaml")
 #: In flight per tenant: both well above what the pool serves at once (2 × 8), the flood
@@ -78,7 +77,7 @@ class local_pool:
 
     def __init__(self, manifests: Path, fairness: bool, console: Console) -> None:
         self.port = free_port()
-        command = [sys.executable, "-m", "fairpool.cli", "up", "-f", str(manifests)]
+        command = [sys.executable, "-m", "fairpool_cli", "up", "-f", str(manifests)]
         command += ["--port", str(self.port), "--fairness", "on" if fairness else "off"]
         self.command = command
         self.console = console
@@ -146,7 +145,7 @@ def comparison(runs: list[DemoRun]) -> Table:
         ]
         for run in runs:
             stats = run.result.tenants[name]
-            row += [_percent(run.result.share(name)), _seconds(percentile(stats.ttfts, 0.5))]
+            row += [_percent(run.result.share(name)), _seconds(stats.ttft(0.5))]
         table.add_row(*row)
     return table
 

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from fairpool_gateway.load.prompts import Prompt, PromptSource, TraceText, prompt_source
-from fairpool_gateway.load.prompts import request_body as make_body
-from fairpool_gateway.load.spec import LoadSpec, TenantSpec
-from fairpool_gateway.load.stats import LoadResult, Outcome
+from fairpool_cli.load.prompts import Prompt, PromptSource, TraceText, prompt_source
+from fairpool_cli.load.prompts import request_body as make_body
+from fairpool_cli.load.spec import LoadSpec, TenantSpec
+from fairpool_cli.load.stats import LoadResult, Outcome
 
 if TYPE_CHECKING:
-    from fairpool_gateway.load.send import Sender
+    from fairpool_cli.load.send import Sender
 
 Progress = Callable[[LoadResult], None]
 
@@ -35,7 +35,7 @@ async def run_load(
     """Run `spec` against its endpoint; what it measured. `progress` is called with the
     growing result every `spec.sample_interval` seconds; setting `stop` ends the run
     early, with everything measured until then."""
-    from fairpool_gateway.load.send import Sender  # httpx: the gateway extra
+    from fairpool_cli.load.send import Sender  # httpx: the gateway extra
 
     async with Sender(spec) as sender:
         model = spec.model or await sender.first_model(_first_key(spec))

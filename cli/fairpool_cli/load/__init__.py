@@ -6,7 +6,7 @@ that share prefixes, or replay a trace in the simulator's format. Per tenant it 
 requests, errors, tokens, service and its share next to the entitled share, TTFT and
 latency. `docs/load.md` describes the command.
 
-    from fairpool_gateway.load import LoadSpec, TenantSpec, run_load
+    from fairpool_cli.load import LoadSpec, TenantSpec, run_load
 
     spec = LoadSpec(
         url="http://127.0.0.1:8080/v1",
@@ -23,9 +23,9 @@ httpx, when a run starts), `run` (arrivals, bounds), `stats` (measurements), `re
 (tables, JSON, plot), `live` (the live view), `options` (the command).
 """
 
-from fairpool_gateway.load.run import Progress, run_load
-from fairpool_gateway.load.spec import LoadSpec, PromptShape, TenantSpec
-from fairpool_gateway.load.stats import LoadResult, TenantStats
+from fairpool_cli.load.run import Progress, run_load
+from fairpool_cli.load.spec import LoadSpec, PromptShape, TenantSpec
+from fairpool_cli.load.stats import LoadResult, TenantStats
 
 __all__ = [
     "LoadResult",

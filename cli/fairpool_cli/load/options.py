@@ -18,10 +18,10 @@ from rich.console import Console
 from fairpool.sched.cost import CostModel
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.trace import TraceRequest, read_trace
-from fairpool_gateway.load.run import Progress, run_load
-from fairpool_gateway.load.spec import APIS, DEFAULT_DURATION, SHAPES, LoadSpec, PromptShape
-from fairpool_gateway.load.stats import LoadResult
-from fairpool_gateway.load.tenants import (
+from fairpool_cli.load.run import Progress, run_load
+from fairpool_cli.load.spec import APIS, DEFAULT_DURATION, SHAPES, LoadSpec, PromptShape
+from fairpool_cli.load.stats import LoadResult
+from fairpool_cli.load.tenants import (
     Fields,
     parse_tenant_flag,
     read_tenants_file,
@@ -189,8 +189,8 @@ def _cost(extend_weight: float, output_weight: float) -> CostModel:
 def run_command(args: argparse.Namespace) -> int:
     """Run, showing the live table; print the summary and write the outputs (also after
     Ctrl-C, which ends the run early)."""
-    from fairpool_gateway.load.live import LiveView
-    from fairpool_gateway.load.report import plot_service, tenant_table, title, write_json
+    from fairpool_cli.load.live import LiveView
+    from fairpool_cli.load.report import plot_service, tenant_table, title, write_json
 
     spec = spec_from_args(args)
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

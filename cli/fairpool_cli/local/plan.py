@@ -167,7 +167,7 @@ def local_model(pool: InferencePool) -> str:
 
 def fairpool_command() -> list[str]:
     """This very `fairpool`, whatever environment it runs in."""
-    return [sys.executable, "-m", "fairpool.cli"]
+    return [sys.executable, "-m", "fairpool_cli"]
 
 
 def free_port() -> int:

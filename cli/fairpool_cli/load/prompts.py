@@ -25,7 +25,7 @@ from typing import Any
 
 from fairpool.api.scheduler_config import TENANT_XARG
 from fairpool.sim.trace import Segment, TraceRequest
-from fairpool_gateway.load.spec import LoadSpec, PromptShape, TenantSpec
+from fairpool_cli.load.spec import LoadSpec, PromptShape, TenantSpec
 
 VOCABULARY = (
     "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child",

@@ -3,7 +3,7 @@
 - Each child runs in its own process group, so stopping it also stops what it started
   (vLLM's engine-core process, for one).
 - On Linux each child asks the kernel for SIGTERM when its parent dies
-  (`fairpool.parent`): even a `fairpool up` killed with SIGKILL leaves nothing running.
+  (`fairpool_cli.parent`): even a `fairpool up` killed with SIGKILL leaves nothing running.
 - A child that exits is reported with its last output lines and restarted after a back-off
   that doubles (1 s, 2 s, 4 s, … 30 s) and resets once it has run for a minute.
 - `stop()` sends SIGTERM to every group, waits, then SIGKILLs what is left.
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fairpool.parent import PARENT_ENV
-from fairpool_gateway.local.plan import ProcessSpec
+from fairpool_cli.local.plan import ProcessSpec
+from fairpool_cli.parent import PARENT_ENV
 
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0

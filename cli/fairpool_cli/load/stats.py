@@ -12,14 +12,14 @@ Both shares count from the end of the run's warm-up on.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from fairpool.sched.cost import CostModel
-from fairpool_gateway.load.spec import LoadSpec
+from fairpool.sim.metrics import percentile
+from fairpool_cli.load.spec import LoadSpec
 
 
 @dataclass
@@ -40,14 +40,13 @@ class Outcome:
         return self.status == "ok"
 
 
-def percentile(values: list[float], fraction: float) -> float | None:
-    """Nearest-rank percentile, None for no values. Sorts `values` in place: the order of
-    latencies matters to nobody, and a list sorted up to a short new tail sorts in
-    linear time, so a live table can ask four times a second."""
-    if not values:
-        return None
+def sorted_percentile(values: list[float], fraction: float) -> float | None:
+    """`fairpool.sim.metrics.percentile` (nearest rank) of `values`, sorted in place first:
+    the order of latencies matters to nobody, and a list sorted up to a short new tail
+    sorts in linear time (so does the copy `percentile` sorts), so a live table can ask
+    four times a second."""
     values.sort()
-    return values[max(math.ceil(fraction * len(values)) - 1, 0)]
+    return percentile(values, fraction)
 
 
 @dataclass
@@ -87,6 +86,14 @@ class TenantStats:
         if outcome.latency is not None:
             self.latencies.append(outcome.latency)
 
+    def ttft(self, fraction: float) -> float | None:
+        """A percentile of the answered requests' times to first token (nearest rank)."""
+        return sorted_percentile(self.ttfts, fraction)
+
+    def latency(self, fraction: float) -> float | None:
+        """A percentile of the answered requests' latencies (nearest rank)."""
+        return sorted_percentile(self.latencies, fraction)
+
     def to_json(self, result: LoadResult) -> dict[str, Any]:
         return {
             "weight": self.weight,
@@ -102,10 +109,10 @@ class TenantStats:
             "share": _rounded(result.share(self.name)),
             "entitled_share": _rounded(result.entitled_share(self.name)),
             "output_tokens_per_s": _rounded(self.completion_tokens / result.elapsed_or_one),
-            "ttft_p50": _rounded(percentile(self.ttfts, 0.5)),
-            "ttft_p99": _rounded(percentile(self.ttfts, 0.99)),
-            "latency_p50": _rounded(percentile(self.latencies, 0.5)),
-            "latency_p99": _rounded(percentile(self.latencies, 0.99)),
+            "ttft_p50": _rounded(self.ttft(0.5)),
+            "ttft_p99": _rounded(self.ttft(0.99)),
+            "latency_p50": _rounded(self.latency(0.5)),
+            "latency_p99": _rounded(self.latency(0.99)),
         }
 
 

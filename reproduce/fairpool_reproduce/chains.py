@@ -12,8 +12,8 @@ simulation, Fig. 8) and §4.2 (PETALS experiment, Table 1), re-run on `fairpool.
 - `table1`: LLaMA-2-7B-like on 9 MIG slices (3 × 3g.40gb + 6 × 2g.20gb), λ = 2.57 req/s,
   input 2048 / output 28 tokens, c = 35, with Poisson arrivals instead of the Azure trace.
 
-`python -m fairpool.sim.reproduce --only chains` regenerates this section of
-`docs/results.md` in place; `python -m fairpool.sim.reproduce_chains` prints it.
+`python -m fairpool_reproduce --only chains` regenerates this section of
+`docs/results.md` in place; `python -m fairpool_reproduce.chains` prints it.
 
 Network: the paper draws RTTs from RIPE Atlas's European measurements, which fairpool does not
 ship (the runs are offline). We draw a synthetic European WAN instead (`european_rtts`): nodes
@@ -35,17 +35,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fairpool.placement.baselines import (
-    PETALS_AUTOGRAD_GIB_AT_14336,
-    PetalsRouting,
-    WaitingShortestPath,
-    bprr_design_concurrency,
-    bprr_placement,
-    petals_layers,
-    petals_placement,
-    petals_slots,
-    whole_model_chains,
-)
 from fairpool.placement.bounds import chain_bounds
 from fairpool.placement.model import Chain, ChainProblem, Placement, Server
 from fairpool.placement.profile import PlanPolicy
@@ -57,6 +46,17 @@ from fairpool.placement.tuning import (
     tune_capacity,
 )
 from fairpool.sched.errors import ConfigError
+from fairpool.sim.chain_baselines import (
+    PETALS_AUTOGRAD_GIB_AT_14336,
+    PetalsRouting,
+    WaitingShortestPath,
+    bprr_design_concurrency,
+    bprr_placement,
+    petals_layers,
+    petals_placement,
+    petals_slots,
+    whole_model_chains,
+)
 from fairpool.sim.chains import (
     ChainDispatch,
     ChainRun,
@@ -68,6 +68,7 @@ from fairpool.sim.chains import (
     poisson_jobs,
     simulate,
 )
+from fairpool.sim.metrics import percentile
 from fairpool.sim.plots import pyplot, save
 
 GB = 10**9
@@ -98,7 +99,7 @@ class GpuKind:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ChainModel:
     """A transformer as seed 003's model sees it."""
 
     name: str
@@ -112,21 +113,21 @@ class ModelSpec:
 
 
 #: §4.1.1: BLOOM-176B in NF4, s_c for 2048 tokens, 2000 input and 20 output tokens.
-BLOOM = ModelSpec("BLOOM-176B", 70, 1_320_000_000, 110_000_000, 5.0, 14336, 2000, 20)
+BLOOM = ChainModel("BLOOM-176B", 70, 1_320_000_000, 110_000_000, 5.0, 14336, 2000, 20)
 #: §4.1.1: the fast and slow GPU types (A100 MIG 3g.40gb- and 2g.20gb-like).
 HIGH = GpuKind("high (40 GB, 120 TFLOPS)", 40 * GB, 120.0, 1.02)
 LOW = GpuKind("low (20 GB, 80 TFLOPS)", 20 * GB, 80.0, 0.51)
 
 #: §4.2: LLaMA-2-7B in fp16 (202 M parameters per layer: 0.405 GB, 0.40 GFLOPs per token),
 #: KV 16 KiB per token per layer for 2048 tokens; the trace's 2048 input and 28 output tokens.
-LLAMA = ModelSpec("LLaMA-2-7B", 32, 405_000_000, 2048 * 16 * 1024, 0.40, 4096, 2048, 28)
+LLAMA = ChainModel("LLaMA-2-7B", 32, 405_000_000, 2048 * 16 * 1024, 0.40, 4096, 2048, 28)
 #: The MIG slices of §4.2, less 1 GB each for the CUDA context and activations: with it
 #: m(35) = 24 and 12 layers, as footnote 13 says.
 MIG_3G = GpuKind("3g.40gb", 39 * GB, 120.0, 1.02)
 MIG_2G = GpuKind("2g.20gb", 19 * GB, 80.0, 0.51)
 
 
-def layer_seconds(model: ModelSpec, gpu: GpuKind) -> float:
+def layer_seconds(model: ChainModel, gpu: GpuKind) -> float:
     """τ^p_j = t_o + (F/f_j)·l_in + (s_m/b_j)·(l_out − 1) (footnote 11), in seconds."""
     prefill_ms = model.gflops_per_token / gpu.tflops * model.input_tokens
     decode_ms = model.layer_bytes / GB / gpu.bandwidth_gb_per_ms * (model.output_tokens - 1)
@@ -155,23 +156,23 @@ def _great_circle_km(a: tuple[float, float], b: tuple[float, float]) -> float:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class ChainFleet:
     """One random draw of servers: the problem, the RTTs to the orchestrator, who is fast."""
 
     problem: ChainProblem
-    model: ModelSpec
+    model: ChainModel
     rtts: tuple[float, ...]
     fast: tuple[bool, ...]
     charge: CommCharge
 
 
 def draw_fleet(
-    model: ModelSpec,
+    model: ChainModel,
     kinds: Sequence[GpuKind],
     rng: random.Random,
     charge: CommCharge,
     layer_scale: float = 1.0,
-) -> Fleet:
+) -> ChainFleet:
     """Servers of the given kinds (their order shuffled) at random nodes of a synthetic WAN,
     one more node being the orchestrator (§4.1.1). `kinds[0]`'s type counts as fast."""
     order = list(kinds)
@@ -190,7 +191,7 @@ def draw_fleet(
     )
     problem = ChainProblem(servers, model.layers, model.layer_bytes, model.slot_bytes)
     fast = tuple(kind.name == kinds[0].name for kind in order)
-    return Fleet(problem, model, rtts, fast, charge)
+    return ChainFleet(problem, model, rtts, fast, charge)
 
 
 def mixed_kinds(servers: int, fast_fraction: float, fast: GpuKind, slow: GpuKind) -> list[GpuKind]:
@@ -213,7 +214,9 @@ class Method:
     bounds: tuple[float, float] | None = None  # Theorem 3.7, seconds
 
 
-def proposed(fleet: Fleet, rate: float, capacity_param: int | None, mode: Mode = "paper") -> Method:
+def proposed(
+    fleet: ChainFleet, rate: float, capacity_param: int | None, mode: Mode = "paper"
+) -> Method:
     """GBP-CR + GCA + JFFC (mode "paper", c tuned as in §3.2.3), or GBP-CR's disjoint chains
     as vLLM engines + JFFC (mode "vllm", c tuned as fairpool's planner does: `PlanPolicy`'s
     defaults); c fixed, or tuned by Theorem 3.7's lower bound when None."""
@@ -258,7 +261,7 @@ def _partition_placement(chains: Sequence[Chain]) -> Placement:
     return Placement(first, layers, chains=tuple(chain.servers for chain in chains))
 
 
-def petals(fleet: Fleet, rng: random.Random, cap_slow_layers: int | None) -> Method:
+def petals(fleet: ChainFleet, rng: random.Random, cap_slow_layers: int | None) -> Method:
     """PETALS: random join order, fixed 4096-token cache per layer, min-latency routing."""
     model, problem = fleet.model, fleet.problem
     cache_per_layer = 2 * model.hidden_size * 4096 * 2  # K and V, fp16, 4096 tokens
@@ -272,7 +275,7 @@ def petals(fleet: Fleet, rng: random.Random, cap_slow_layers: int | None) -> Met
     return Method("PETALS", PathDispatch(routing, slots, "PETALS"))
 
 
-def bprr(fleet: Fleet, rate: float) -> Method:
+def bprr(fleet: ChainFleet, rate: float) -> Method:
     """BPRR: CG-BP with |R| from Little's law, WS-RR routing."""
     problem = fleet.problem
     concurrency = bprr_design_concurrency(problem, rate)
@@ -282,7 +285,7 @@ def bprr(fleet: Fleet, rate: float) -> Method:
     return Method(f"BPRR (|R|={concurrency})", PathDispatch(routing, slots, "BPRR"), concurrency)
 
 
-def jffc_only(fleet: Fleet) -> Method:
+def jffc_only(fleet: ChainFleet) -> Method:
     """The whole model on each server that holds it, JFFC across them (§4.2.3)."""
     placement, chains = whole_model_chains(fleet.problem)
     slots = placement_slots(fleet.problem, placement)
@@ -376,7 +379,7 @@ GRID_METHODS = {
 
 
 def _grid_builders(
-    fleet: Fleet, rate: float, capacity: int, seed: int
+    fleet: ChainFleet, rate: float, capacity: int, seed: int
 ) -> dict[str, Callable[[], Method]]:
     return {
         "proposed": lambda: proposed(fleet, rate, capacity),
@@ -548,7 +551,7 @@ TABLE1_METHODS = {
 }
 
 
-def calibrated(fleet: Fleet, whole_model_seconds: float) -> Fleet:
+def calibrated(fleet: ChainFleet, whole_model_seconds: float) -> ChainFleet:
     """The fleet with every τ^p_j scaled by one factor, so that serving the whole model on
     one server takes `whole_model_seconds` on average over the servers."""
     servers = fleet.problem.servers
@@ -561,7 +564,7 @@ def calibrated(fleet: Fleet, whole_model_seconds: float) -> Fleet:
     return replace(fleet, problem=replace(fleet.problem, servers=scaled))
 
 
-def _table1_builders(fleet: Fleet, seed: int) -> dict[str, Callable[[], Method]]:
+def _table1_builders(fleet: ChainFleet, seed: int) -> dict[str, Callable[[], Method]]:
     return {
         "petals": lambda: petals(fleet, random.Random(seed), None),
         "bprr": lambda: bprr(fleet, TABLE1_RATE),
@@ -775,10 +778,10 @@ def section_chains(data: dict[str, Any]) -> list[str]:
         "JFFC; c*_LB is c tuned by Theorem 3.7's lower bound (§3.2.3), for Proposed-vLLM "
         "with the planner's defaults (scores within 1 % tie and go to the fewest nodes; at "
         "most 8 stages). PETALS and BPRR are "
-        "`fairpool/placement/baselines.py` (its docstring lists every choice the paper left "
+        "`fairpool/sim/chain_baselines.py` (its docstring lists every choice the paper left "
         "open). This section ran "
         f"{data['runs']:,} simulations in {data['wall_s']:.0f} s of wall time; "
-        "`python -m fairpool.sim.reproduce --only chains` regenerates just this section.",
+        "`python -m fairpool_reproduce --only chains` regenerates just this section.",
         "",
         "### Overall comparison (Fig. 8)",
         "",
@@ -951,7 +954,7 @@ def _section_table1(t1: dict[str, Any]) -> list[str]:
     return lines
 
 
-def petals_sessions(model: ModelSpec) -> int:
+def petals_sessions(model: ChainModel) -> int:
     """Longest-sequence jobs a PETALS server holds at once: its 4096-token cache per layer
     over s_c."""
     return (2 * model.hidden_size * 4096 * 2) // model.slot_bytes
@@ -960,11 +963,11 @@ def petals_sessions(model: ModelSpec) -> int:
 def wan_summary(samples: int = 200) -> dict[str, float]:
     """Percentiles of the synthetic WAN's RTTs (seconds), for the text."""
     matrix = european_rtts(samples, random.Random(0))
-    values = sorted(matrix[i][j] for i in range(samples) for j in range(i + 1, samples))
+    values = [matrix[i][j] for i in range(samples) for j in range(i + 1, samples)]
     return {
-        "p5": values[len(values) // 20],
-        "median": values[len(values) // 2],
-        "p95": values[len(values) * 19 // 20],
+        "p5": percentile(values, 0.05) or 0.0,
+        "median": percentile(values, 0.5) or 0.0,
+        "p95": percentile(values, 0.95) or 0.0,
     }
 
 
@@ -1248,9 +1251,7 @@ def regenerate(out: Path, scale: float = 1.0, record: Path | None = None) -> Pat
     results_md.write_text(replace_section(results_md.read_text(), section_chains(data)))
     _log(f"wrote section 8 of {results_md}")
     if record is not None:
-        _log(
-            f"wrote {record_bench(data, record, 'python -m fairpool.sim.reproduce --only chains')}"
-        )
+        _log(f"wrote {record_bench(data, record, 'python -m fairpool_reproduce --only chains')}")
     return results_md
 
 

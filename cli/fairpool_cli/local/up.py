@@ -25,9 +25,10 @@ import httpx
 from rich.console import Console
 
 from fairpool.api.manifests import Manifests, load_manifests
+from fairpool.files import FileWatch
 from fairpool.sched.errors import ConfigError
-from fairpool_gateway.local.plan import Fairness, LocalPlan, plan_local
-from fairpool_gateway.local.supervisor import Supervisor
+from fairpool_cli.local.plan import Fairness, LocalPlan, plan_local
+from fairpool_cli.local.supervisor import Supervisor
 
 READY_TIMEOUT = 300.0  # vLLM takes a while to load a model
 WATCH_INTERVAL = 0.5
@@ -139,12 +140,10 @@ def keep_running(
     console: Console,
 ) -> None:
     """Restart what dies and apply edits of the manifests, until asked to stop."""
-    stamps = _stamps(paths)
+    watched = FileWatch(*paths)
     while not stop.wait(WATCH_INTERVAL):
         supervisor.check()
-        current = _stamps(paths)
-        if current != stamps:
-            stamps = current
+        if watched.changed():
             apply_edit(plan, paths, console)
 
 
@@ -162,14 +161,3 @@ def apply_edit(plan: LocalPlan, paths: Sequence[str], console: Console) -> None:
         return
     write_files(files)
     console.print("manifests applied: tenants, weights, limits and scheduling updated")
-
-
-def _stamps(paths: Sequence[str]) -> list[tuple[float, int] | None]:
-    stamps: list[tuple[float, int] | None] = []
-    for path in paths:
-        try:
-            status = os.stat(path)
-            stamps.append((status.st_mtime, status.st_size))
-        except OSError:
-            stamps.append(None)
-    return stamps

@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from fairpool.placement.gca import Link, feasible_links, shortest_path
 from fairpool.placement.model import Chain, ChainProblem, Placement
 from fairpool.sched.errors import ConfigError, require_count, require_non_negative
-from fairpool.sim.chains import Job, Route, SlotLedger, make_route
+from fairpool.sim.chains import ChainJob, Route, SlotLedger, make_route
 
 #: PETALS's serialization overhead per hop and its penalty for a server short of cache
 #: (`sequence_manager.py` `_build_inference_graph`: overhead_delay=0.018, alloc_delay=10).
@@ -305,7 +305,7 @@ class PetalsRouting:
         self.overhead = require_non_negative("overhead_seconds", overhead_seconds)
         self.alloc_delay = require_non_negative("alloc_delay_seconds", alloc_delay_seconds)
 
-    def choose(self, job: Job, now: float, ledger: SlotLedger) -> Route:
+    def choose(self, job: ChainJob, now: float, ledger: SlotLedger) -> Route:
         def link(j: int, layers: int) -> float:
             cost = self.half_rtt[j] + self.overhead + self.step[j] * layers
             if ledger.free(j) < self.hosted[j]:
@@ -322,7 +322,7 @@ class WaitingShortestPath:
         self.problem = problem
         self.graph = PlacementGraph(problem, placement)
 
-    def choose(self, job: Job, now: float, ledger: SlotLedger) -> Route:
+    def choose(self, job: ChainJob, now: float, ledger: SlotLedger) -> Route:
         servers = self.problem.servers
 
         def link(j: int, layers: int) -> float:

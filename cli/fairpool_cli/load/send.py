@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from fairpool.sched.errors import ConfigError
-from fairpool_gateway.load.spec import LoadSpec
-from fairpool_gateway.load.stats import Outcome
+from fairpool_cli.load.spec import LoadSpec
+from fairpool_cli.load.stats import Outcome
 
 LIMITED = "limited"
 LIST_TIMEOUT = 10.0  # seconds for GET /models: an endpoint that hangs is an error soon

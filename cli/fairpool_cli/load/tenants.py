@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from fairpool.sched.errors import ConfigError
-from fairpool_gateway.load.spec import TenantSpec
+from fairpool_cli.load.spec import TenantSpec
 
 Fields = dict[str, Any]  # TenantSpec keyword arguments, as given so far
 

@@ -13,11 +13,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from fairpool import __version__
-from fairpool.parent import die_with_parent
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
 from fairpool.sim.plots import plot_service_over_time
+from fairpool_cli.parent import die_with_parent
 from fairpool_engine import sim_options
 
 
@@ -249,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     local.set_defaults(handler=_up)
 
-    from fairpool_gateway.load import options as load_options  # no httpx until a run
+    from fairpool_cli.load import options as load_options  # no httpx until a run
 
     load = commands.add_parser(
         "load",
@@ -322,7 +322,7 @@ def _positive_float(text: str) -> float:
 
 
 def _live_demo(args: argparse.Namespace) -> int:
-    from fairpool_gateway.local.demo import run_demo
+    from fairpool_cli.local.demo import run_demo
 
     return run_demo(_wide_console(), duration=args.duration)
 
@@ -407,7 +407,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from fairpool.plan_report import plan_command
+    from fairpool_cli.plan_report import plan_command
 
     return plan_command(args.files, args.nodes, args.json, _wide_console())
 
@@ -421,14 +421,14 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from fairpool_gateway.local.up import up
+    from fairpool_cli.local.up import up
 
     console = Console(soft_wrap=True)  # URLs must stay whole to be copied
     return up(args.files, args.port, args.admin_port, args.fairness == "on", console)
 
 
 def _load(args: argparse.Namespace) -> int:
-    from fairpool_gateway.load.options import run_command
+    from fairpool_cli.load.options import run_command
 
     return run_command(args)
 

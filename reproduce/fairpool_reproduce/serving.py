@@ -9,7 +9,7 @@
   SLAI against Sarathi-Serve, Mistral-7B on one RTX 6000 Ada, paying (TBT 0.1 s) and free
   (TBT 0.5 s) users. Headlines: median TTFT −53 %, capacity at median TTFT ≤ 0.5 s +26 %.
 
-`fairpool.sim.reproduce` runs these with the VTC and DLPM experiments and writes their
+`fairpool_reproduce.results` runs these with the VTC and DLPM experiments and writes their
 sections into `docs/results.md`.
 """
 
@@ -53,7 +53,7 @@ def latency_slope(run: Any, points: int = 8) -> tuple[float, list[tuple[int, flo
 
 def memory_safe_vs_alpha(scale: float = 1.0) -> dict[str, Any]:
     """[KV] §6: each scheme at λ = 50/s (high demand) and λ = 10/s (low demand)."""
-    from fairpool.sim.reproduce import run_fleet
+    from fairpool_reproduce.results import run_fleet
 
     results: dict[str, Any] = {}
     for demand, rate, arrivals in (("high", 50.0, 4000), ("low", 10.0, 2000)):
@@ -101,7 +101,7 @@ def memory_safe_vs_alpha(scale: float = 1.0) -> dict[str, Any]:
 
 def slai_vs_sarathi(scale: float = 1.0) -> dict[str, Any]:
     """[RAD] §7: median TTFT and P99 TBT per class over a sweep of arrival rates."""
-    from fairpool.sim.reproduce import run_fleet
+    from fairpool_reproduce.results import run_fleet
 
     duration = 60.0 * scale
     rates = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)

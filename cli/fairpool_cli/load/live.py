@@ -9,8 +9,8 @@ from types import TracebackType
 from rich.console import Console
 from rich.live import Live
 
-from fairpool_gateway.load.report import status_line, tenant_table, title
-from fairpool_gateway.load.stats import LoadResult
+from fairpool_cli.load.report import status_line, tenant_table, title
+from fairpool_cli.load.stats import LoadResult
 
 LINE_INTERVAL = 5.0  # seconds between status lines when not on a terminal
 

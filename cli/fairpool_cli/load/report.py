@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from fairpool_gateway.load.stats import LoadResult, TenantStats, percentile
+from fairpool_cli.load.stats import LoadResult, TenantStats
 
 COLUMNS = (
     "tenant", "weight", "sent", "done", "errors", "out tok/s", "service", "share / entitled",
@@ -40,9 +40,8 @@ def _row(result: LoadResult, stats: TenantStats) -> list[str]:
         f"{stats.service:,.0f}",
         f"{_share(share)} / {_share(entitled)}",
         _percent(cached),
-        f"{_seconds(percentile(stats.ttfts, 0.5))} / {_seconds(percentile(stats.ttfts, 0.99))}",
-        f"{_seconds(percentile(stats.latencies, 0.5))} / "
-        f"{_seconds(percentile(stats.latencies, 0.99))}",
+        f"{_seconds(stats.ttft(0.5))} / {_seconds(stats.ttft(0.99))}",
+        f"{_seconds(stats.latency(0.5))} / {_seconds(stats.latency(0.99))}",
     ]
 
 

@@ -1,7 +1,8 @@
 """The gateway's two HTTP faces.
 
-Tenant API (public): `POST /v1/chat/completions`, `POST /v1/completions` (streamed or
-not), `GET /v1/models`, `GET /openapi.json`, `/healthz`, `/readyz`. A request goes
+Tenant API (public): `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`
+(streamed or not), `/v1/embeddings`, `GET /v1/models`, `GET /openapi.json`, `/healthz`,
+`/readyz`. Every POST endpoint is the same path (`generate`) over the pool's front. A request goes
 through: size limit → API key → body → pool (by model) → permission → hard limits →
 fair queue → routing → the engine, with one retry elsewhere if the worker fails before
 its first byte → the answer, relayed → charges from the engine's usage.
@@ -37,14 +38,7 @@ from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcom
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.openapi import openapi_document
 from fairpool_gateway.pool import Pool, hold
-from fairpool_gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GatewayError,
-    GenerationRequest,
-    ParsedRequest,
-    parse_request,
-)
+from fairpool_gateway.protocol import APIS, Api, GatewayError, ParsedRequest, parse_request
 from fairpool_gateway.proxy import (
     StreamRelay,
     UpstreamFailed,
@@ -63,11 +57,11 @@ REQUEST_ID = "x-request-id"
 
 
 def tenant_app(gateway: Gateway) -> Starlette:
-    async def chat(request: Request) -> Response:
-        return await generate(gateway, request, ChatCompletionRequest, "/v1/chat/completions")
+    def endpoint(api: Api) -> Route:
+        async def serve(request: Request) -> Response:
+            return await generate(gateway, request, api)
 
-    async def completions(request: Request) -> Response:
-        return await generate(gateway, request, CompletionRequest, "/v1/completions")
+        return Route(api.path, serve, methods=["POST"])
 
     async def models(request: Request) -> Response:
         try:
@@ -86,8 +80,7 @@ def tenant_app(gateway: Gateway) -> Starlette:
 
     return Starlette(
         routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
+            *(endpoint(api) for api in APIS),
             Route("/v1/models", models, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             *probe_routes(gateway),
@@ -153,16 +146,15 @@ class Exchange:
             self.flight.settle(outcome)
 
 
-async def generate(
-    gateway: Gateway, request: Request, kind: type[GenerationRequest], path: str
-) -> Response:
+async def generate(gateway: Gateway, request: Request, api: Api) -> Response:
+    """Serve one request of `api`: every endpoint is this same path over the pool's front."""
     exchange = Exchange(
-        gateway, request.headers.get(REQUEST_ID) or uuid.uuid4().hex, path, time.monotonic()
+        gateway, request.headers.get(REQUEST_ID) or uuid.uuid4().hex, api.path, time.monotonic()
     )
     try:
         body = await read_body(request, gateway.config.max_request_bytes)
         exchange.tenant = gateway.tenants.authenticate(request.headers.get("authorization"))
-        exchange.parsed = parse_request(body, kind)
+        exchange.parsed = parse_request(body, api)
         exchange.pool = choose_pool(gateway, exchange.tenant, exchange.parsed.request.model)
     except GatewayError as error:
         return refuse(exchange, error)
@@ -326,18 +318,21 @@ async def forward(exchange: Exchange) -> Response:
     """Send the dispatched request to its worker and relay the answer."""
     parsed = exchange.parsed
     assert parsed is not None and exchange.tenant is not None
-    body = upstream_body(parsed.document, exchange.tenant.tenant, parsed.stream)
+    stream_format = parsed.api.stream if parsed.stream else None
+    ask_for_usage = stream_format is not None and stream_format.asks_for_usage
+    body = upstream_body(parsed.document, exchange.tenant.tenant, ask_for_usage)
     try:
         upstream = await open_upstream(exchange, body)
     except GatewayError as error:
         return error_response(error, exchange.request_id)
     headers = {REQUEST_ID: exchange.request_id}
-    if upstream.status >= 400 or not parsed.stream:
+    if upstream.status >= 400 or stream_format is None:
         return await relay_whole(exchange, upstream, headers)
-    want_usage = bool(parsed.request.stream_options and parsed.request.stream_options.include_usage)
     flight = exchange.flight
     assert flight is not None
-    relay = StreamRelay(upstream, want_usage, flight.observe_output)
+    relay = StreamRelay(
+        upstream, stream_format, parsed.request.wants_usage_chunk(), flight.observe_output
+    )
     exchange.streaming = True
     return RelayResponse(exchange, relay, headers=headers, media_type="text/event-stream")
 

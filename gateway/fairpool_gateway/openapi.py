@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fairpool_gateway.protocol import ChatCompletionRequest, CompletionRequest
+from fairpool_gateway.protocol import APIS
 
 ERROR_STATUSES = {
     "400": "The body is not valid JSON or a field is invalid (the error names it).",
@@ -49,7 +49,9 @@ class ModelList(BaseModel):
 
 def _schemas() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
-    for model in (ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelList):
+    models: list[type[BaseModel]] = [api.request for api in APIS]
+    models += [ErrorResponse, ModelList]
+    for model in models:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -68,7 +70,7 @@ def _error_responses(statuses: list[str]) -> dict[str, Any]:
     }
 
 
-def _generation(summary: str, request: str) -> dict[str, Any]:
+def _generation(summary: str, request: str, streams: bool) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -82,10 +84,14 @@ def _generation(summary: str, request: str) -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "The answer: a JSON object, or server-sent events when "
-                    "`stream` is true, as the model server produced them.",
+                    "`stream` is true, as the model server produced them."
+                    if streams
+                    else "The answer: a JSON object, as the model server produced it.",
                     "content": {
                         "application/json": {"schema": {"type": "object"}},
-                        "text/event-stream": {"schema": {"type": "string"}},
+                        **(
+                            {"text/event-stream": {"schema": {"type": "string"}}} if streams else {}
+                        ),
                     },
                 },
                 **_error_responses(list(ERROR_STATUSES)),
@@ -113,13 +119,15 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "fairpool gateway: tenant API",
             "version": "v1",
-            "description": "OpenAI-compatible completions and chat completions, served by a "
-            "pool of model servers shared fairly among tenants. Authenticate with "
-            "`Authorization: Bearer KEY`; the key decides the tenant.",
+            "description": "OpenAI-compatible chat completions, completions, responses and "
+            "embeddings, served by a pool of model servers shared fairly among tenants. "
+            "Authenticate with `Authorization: Bearer KEY`; the key decides the tenant.",
         },
         "paths": {
-            "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest"),
-            "/v1/completions": _generation("Text completion", "CompletionRequest"),
+            **{
+                api.path: _generation(api.summary, api.request.__name__, api.stream is not None)
+                for api in APIS
+            },
             "/v1/models": {
                 "get": {
                     "summary": "The models (pools) this tenant may use",

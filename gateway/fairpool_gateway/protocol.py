@@ -55,16 +55,11 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = Field(default=None, description="Send a last usage chunk.")
 
 
-class GenerationRequest(BaseModel):
-    """What the gateway reads of either request; every other field is passed on."""
+class TenantRequest(BaseModel):
+    """What the gateway reads of any request it forwards; every other field is passed on."""
 
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, description="Served model name of the pool.")
-    stream: bool | None = Field(default=False, description="Answer as server-sent events.")
-    stream_options: StreamOptions | None = Field(default=None, description="Streaming options.")
-    max_tokens: int | None = Field(default=None, ge=0, description="Output limit in tokens.")
-    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling.")
-    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling.")
     user: str | None = Field(default=None, description="End-user id, passed on.")
     vllm_xargs: dict[str, Any] | None = Field(
         default=None,
@@ -73,16 +68,50 @@ class GenerationRequest(BaseModel):
     )
 
     def prompt_text(self) -> str:
+        """The prompt as text: the routing key, and what the input estimate counts."""
         raise NotImplementedError
+
+    def output_limit(self) -> int | None:
+        """The most output tokens the request may produce; None when it does not say."""
+        return None
+
+    def streams(self) -> bool:
+        return False
+
+    def wants_usage_chunk(self) -> bool:
+        """The client asked for a stream's usage chunk (`stream_options.include_usage`)."""
+        return False
+
+
+class GenerationRequest(TenantRequest):
+    """Completions and chat completions."""
+
+    stream: bool | None = Field(default=False, description="Answer as server-sent events.")
+    stream_options: StreamOptions | None = Field(default=None, description="Streaming options.")
+    max_tokens: int | None = Field(default=None, ge=0, description="Output limit in tokens.")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling.")
 
     def output_limit(self) -> int | None:
         return self.max_tokens
 
+    def streams(self) -> bool:
+        return bool(self.stream)
+
+    def wants_usage_chunk(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: str = Field(description="`text` (other part types are passed on untouched).")
+    type: str = Field(description="`text`, `input_text`, ... (others are passed on untouched).")
     text: str | None = Field(default=None, description="The text of a text part.")
+
+
+def content_text(content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(part.text or "" for part in content)
 
 
 class ChatMessage(BaseModel):
@@ -93,9 +122,13 @@ class ChatMessage(BaseModel):
     content: str | list[ContentPart] | None = Field(default=None, description="What is said.")
 
     def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        return "\n".join(part.text or "" for part in self.content)
+        return content_text(self.content)
+
+
+def conversation_text(turns: list[tuple[str, str]]) -> str:
+    """A conversation as one string, in the engines' chat-template order: requests that
+    share a system prompt or earlier turns — through any API — share a prefix of it."""
+    return "".join(f"<|{role}|>\n{text}\n" for role, text in turns)
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -105,9 +138,7 @@ class ChatCompletionRequest(GenerationRequest):
     )
 
     def prompt_text(self) -> str:
-        """The conversation as one string, in the engines' chat-template order: requests
-        that share a system prompt or earlier turns share a prefix of it."""
-        return "".join(f"<|{message.role}|>\n{message.text()}\n" for message in self.messages)
+        return conversation_text([(message.role, message.text()) for message in self.messages])
 
     def output_limit(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -118,34 +149,131 @@ class ChatCompletionRequest(GenerationRequest):
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
+def prompt_text(prompt: Prompt) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return "\n".join(str(part) for part in prompt)
+    return " ".join(str(part) for part in prompt)  # token ids: a key of their own
+
+
 class CompletionRequest(GenerationRequest):
     prompt: Prompt = Field(description="Text, or token ids, to complete.")
 
     def prompt_text(self) -> str:
-        prompt = self.prompt
-        if isinstance(prompt, str):
-            return prompt
-        if prompt and isinstance(prompt[0], str):
-            return "\n".join(str(part) for part in prompt)
-        return " ".join(str(part) for part in prompt)  # token ids: a key of their own
+        return prompt_text(self.prompt)
+
+
+class ResponseInputItem(BaseModel):
+    """An item of a Responses API `input`: a message (role and content), or another item
+    (a tool call's output, ...), whose text is its `content` or `output`."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str | None = Field(default=None, description="`message` (the default), or another.")
+    role: str | None = Field(default=None, description="Who speaks, for a message.")
+    content: str | list[ContentPart] | None = Field(default=None, description="What is said.")
+    output: str | None = Field(default=None, description="A tool call's output.")
+
+    def turn(self) -> tuple[str, str]:
+        return self.role or self.type or "user", content_text(self.content) or self.output or ""
+
+
+class ResponsesRequest(TenantRequest):
+    """The Responses API (`/v1/responses`), the OpenAI SDK's primary API."""
+
+    input: str | list[ResponseInputItem] = Field(description="Text, or the conversation.")
+    instructions: str | None = Field(default=None, description="A system message.")
+    max_output_tokens: int | None = Field(default=None, ge=0, description="Output limit in tokens.")
+    stream: bool | None = Field(default=False, description="Answer as server-sent events.")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling.")
+
+    def prompt_text(self) -> str:
+        turns = [("system", self.instructions)] if self.instructions is not None else []
+        if isinstance(self.input, str):
+            turns.append(("user", self.input))
+        else:
+            turns.extend(item.turn() for item in self.input)
+        return conversation_text(turns)
+
+    def output_limit(self) -> int | None:
+        return self.max_output_tokens
+
+    def streams(self) -> bool:
+        return bool(self.stream)
+
+
+class EmbeddingsRequest(TenantRequest):
+    """Embeddings (`/v1/embeddings`): the prompt only, no output."""
+
+    input: Prompt = Field(description="Text, texts, or token ids to embed.")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        default=None, description="How the vectors are written."
+    )
+    dimensions: int | None = Field(default=None, ge=1, description="Vector length.")
+
+    def prompt_text(self) -> str:
+        return prompt_text(self.input)
+
+    def output_limit(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    """How an API's streamed answer shows its output and its usage.
+
+    `output_event`: the bytes that mark one output token's event (None: every `data:` event
+    but `[DONE]` and the usage chunk carries one). `asks_for_usage`: the engine sends usage
+    in a stream only when asked (`stream_options.include_usage`), so the gateway asks, and
+    removes the usage chunk again unless its client asked too.
+    """
+
+    output_event: bytes | None
+    asks_for_usage: bool
+
+
+CHUNKS = StreamFormat(output_event=None, asks_for_usage=True)
+RESPONSE_EVENTS = StreamFormat(
+    output_event=b'"type":"response.output_text.delta"', asks_for_usage=False
+)
+
+
+@dataclass(frozen=True)
+class Api:
+    """One endpoint of the tenant API: its requests and, if it streams, how."""
+
+    path: str
+    summary: str
+    request: type[TenantRequest]
+    stream: StreamFormat | None  # None: never streamed
+
+
+APIS = (
+    Api("/v1/chat/completions", "Chat completion", ChatCompletionRequest, CHUNKS),
+    Api("/v1/completions", "Text completion", CompletionRequest, CHUNKS),
+    Api("/v1/responses", "Response (the Responses API)", ResponsesRequest, RESPONSE_EVENTS),
+    Api("/v1/embeddings", "Embeddings", EmbeddingsRequest, None),
+)
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
+    api: Api
     document: dict[str, Any]  # the body as sent, to forward
-    request: GenerationRequest
+    request: TenantRequest
     prompt: str
 
     @property
     def stream(self) -> bool:
-        return bool(self.request.stream)
+        return self.api.stream is not None and self.request.streams()
 
     @property
     def estimated_input_tokens(self) -> int:
         return max(1, tokens_for_chars(len(self.prompt)))
 
 
-def parse_request(body: bytes, kind: type[GenerationRequest]) -> ParsedRequest:
+def parse_request(body: bytes, api: Api) -> ParsedRequest:
     """The request in `body`; a 400 naming the field otherwise."""
     try:
         document = json.loads(body)
@@ -154,12 +282,12 @@ def parse_request(body: bytes, kind: type[GenerationRequest]) -> ParsedRequest:
     if not isinstance(document, dict):
         raise bad_request("The body must be a JSON object.")
     try:
-        request = kind.model_validate(document)
+        request = api.request.model_validate(document)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"]) or None
         raise bad_request(f"{field}: {first['msg']}" if field else first["msg"], field) from None
-    return ParsedRequest(document, request, request.prompt_text())
+    return ParsedRequest(api, document, request, request.prompt_text())
 
 
 def error_body(status: HTTPStatus, message: str, error_type: str) -> bytes:

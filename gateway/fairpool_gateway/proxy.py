@@ -4,9 +4,11 @@ Upstream HTTP is aiohttp's client: its C parser and connection pool cost a fract
 httpx's per streamed request, and the gateway spends most of its time here.
 
 Streams pass through chunk by chunk as they arrive, never buffered. The gateway needs the
-engine's usage (prompt, cached and completion tokens) to charge the tenant exactly, so it
-always asks for the final usage chunk (`stream_options.include_usage`) and, when the client
-did not ask for it, drops that chunk on the way back. Everything else is the engine's bytes.
+engine's usage (prompt, cached and completion tokens) to charge the tenant exactly: chat and
+completions streams carry it only when asked, so the gateway always asks for the final usage
+chunk (`stream_options.include_usage`) and, when the client did not ask for it, drops that
+chunk on the way back; a Responses API stream ends with its usage in `response.completed`.
+Everything else is the engine's bytes.
 """
 
 from __future__ import annotations
@@ -20,25 +22,35 @@ import aiohttp
 
 from fairpool.api.scheduler_config import TENANT_XARG, XARG_PREFIX
 from fairpool.front import CLIENT_CLOSED, Outcome, Usage
+from fairpool_gateway.protocol import StreamFormat
 
 SSE_DONE = b"data: [DONE]\n\n"
 _USAGE_ONLY = b'"choices":[]'
+_USAGE_KEY = b'"usage":{'
+_DECODER = json.JSONDecoder()
 _TAIL = 8192  # bytes of a stream kept to find its usage chunk at the end
 
 
 def parse_usage(document: Any) -> Usage | None:
-    """The `usage` of an engine's answer (OpenAI's shape), or None if it has none."""
+    """The `usage` of an engine's answer, or None if it has none."""
     if not isinstance(document, dict):
         return None
-    usage = document.get("usage")
+    return usage_of(document.get("usage"))
+
+
+def usage_of(usage: Any) -> Usage | None:
+    """A usage object in either of OpenAI's shapes: chat, completions and embeddings
+    (`prompt_tokens`, `prompt_tokens_details.cached_tokens`, `completion_tokens`), or the
+    Responses API (`input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`)."""
     if not isinstance(usage, dict):
         return None
-    details = usage.get("prompt_tokens_details") or {}
+    responses = "input_tokens" in usage
+    details = usage.get("input_tokens_details" if responses else "prompt_tokens_details") or {}
     try:
         return Usage(
-            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("input_tokens" if responses else "prompt_tokens") or 0),
             int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
-            int(usage.get("completion_tokens") or 0),
+            int(usage.get("output_tokens" if responses else "completion_tokens") or 0),
         )
     except (TypeError, ValueError):
         return None
@@ -48,10 +60,11 @@ class UpstreamFailed(Exception):
     """The worker failed before the first byte of its answer: safe to retry elsewhere."""
 
 
-def upstream_body(document: dict[str, Any], tenant: str, stream: bool) -> bytes:
+def upstream_body(document: dict[str, Any], tenant: str, ask_for_usage: bool) -> bytes:
     """The body for the engine: the client's, with the tenant tag (replacing any
-    `fairpool_*` the client sent, so nobody can speak for another tenant) and, for
-    streams, the usage chunk requested."""
+    `fairpool_*` the client sent, so nobody can speak for another tenant) and, where the
+    stream needs asking, the usage chunk requested. `vllm_xargs` and `stream_options` are
+    objects (the request models checked)."""
     xargs = {
         key: value
         for key, value in (document.get("vllm_xargs") or {}).items()
@@ -59,7 +72,7 @@ def upstream_body(document: dict[str, Any], tenant: str, stream: bool) -> bytes:
     }
     xargs[TENANT_XARG] = tenant
     body = {**document, "vllm_xargs": xargs}
-    if stream:
+    if ask_for_usage:
         body["stream_options"] = {**(document.get("stream_options") or {}), "include_usage": True}
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -128,11 +141,14 @@ class StreamRelay:
     def __init__(
         self,
         response: aiohttp.ClientResponse,
+        stream_format: StreamFormat,
         client_wants_usage: bool,
         on_output: Callable[[int], None] | None = None,
     ) -> None:
         self.response = response
-        self.client_wants_usage = client_wants_usage
+        self.format = stream_format
+        # Usage chunks the gateway asked for and the client did not are dropped.
+        self.drop_usage = stream_format.asks_for_usage and not client_wants_usage
         self.on_output = on_output
         self.output_events = 0  # data events with output, about one token each
         self.usage: Usage | None = None
@@ -163,15 +179,13 @@ class StreamRelay:
             async for chunk in self.response.content.iter_any():
                 if self.first_byte_at is None:
                     self.first_byte_at = clock()
-                events = (
-                    chunk.count(b"data: ") - chunk.count(b"data: [DONE]") - chunk.count(_USAGE_ONLY)
-                )
+                events = self._output_events(chunk)
                 if events > 0:
                     self.output_events += events
                     if self.on_output is not None:
                         self.on_output(events)
                 self._tail = (self._tail + chunk)[-_TAIL:]
-                if not self.client_wants_usage and _USAGE_ONLY in chunk:
+                if self.drop_usage and _USAGE_ONLY in chunk:
                     chunk = _without_usage_events(chunk)
                     if not chunk:
                         continue
@@ -190,6 +204,12 @@ class StreamRelay:
                 self.response.close()
             self.usage = _last_usage(self._tail)
 
+    def _output_events(self, chunk: bytes) -> int:
+        marker = self.format.output_event
+        if marker is not None:
+            return chunk.count(marker)
+        return chunk.count(b"data: ") - chunk.count(b"data: [DONE]") - chunk.count(_USAGE_ONLY)
+
 
 def _without_usage_events(chunk: bytes) -> bytes:
     events = chunk.split(b"\n\n")
@@ -198,13 +218,17 @@ def _without_usage_events(chunk: bytes) -> bytes:
 
 
 def _last_usage(tail: bytes) -> Usage | None:
-    for event in reversed(tail.split(b"\n\n")):
-        if event.startswith(b"data: {") and b'"usage":{' in event:
-            try:
-                return parse_usage(json.loads(event[6:]))
-            except ValueError:
-                return None
-    return None
+    """The last usage object in the end of a stream: a chat or completions usage chunk, or
+    the usage inside a Responses API `response.completed` event (near its end)."""
+    start = tail.rfind(_USAGE_KEY)
+    if start < 0:
+        return None
+    text = tail[start + len(_USAGE_KEY) - 1 :].decode(errors="replace")
+    try:
+        usage, _ = _DECODER.raw_decode(text)
+    except ValueError:
+        return None
+    return usage_of(usage)
 
 
 def _error_event(message: str) -> bytes:

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import write_results
 
 from fairpool.sim.profiles import get_profile
-from fairpool_engine.sim_text import tokenize
+from fairpool_engine.sim.text import tokenize
 
 GOAL_STREAMS_PER_CORE = 200
 PROFILE = "llama3-8b-h100"

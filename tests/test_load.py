@@ -24,7 +24,7 @@ from sim_http import metric, wait_until
 from fairpool.cli import main
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.trace import TraceRequest, write_trace
-from fairpool_engine.sim_text import render_chat, tokenize
+from fairpool_engine.sim.text import render_chat, tokenize
 from fairpool_gateway.load import LoadResult, LoadSpec, PromptShape, TenantSpec, run_load
 from fairpool_gateway.load.live import LiveView
 from fairpool_gateway.load.prompts import TraceText, prompt_source, request_body

@@ -6,11 +6,10 @@ Routes: `POST /v1/completions`, `POST /v1/chat/completions` (streaming or not),
 `POST /admin/health {"healthy": false}`, which makes `/health` answer 503 (as vLLM's
 does when its engine died) until set back.
 
-A request is validated as vLLM validates it (`openai_protocol`), tokenized
-(`sim_text`), and queued in the `SimEngine` under its tenant (`vllm_xargs`
-`fairpool_tenant`), where the scheduler configuration's policy orders it; the engine
-loop (`sim_runner`) hands its tokens to the handler as they are generated. A client
-that goes away aborts its request.
+A request is validated as vLLM validates it (`protocol`), tokenized (`text`), and
+queued in the `SimEngine` under its tenant (`vllm_xargs` `fairpool_tenant`), where the
+scheduler configuration's policy orders it; the engine loop (`runner`) hands its tokens
+to the handler as they are generated. A client that goes away aborts its request.
 
 Failure injection (`--error-rate`, `--hang-rate`, `--crash-rate`) picks, per valid
 request, one of: a 500 before the first byte; no answer at all until the client gives
@@ -48,7 +47,21 @@ from fairpool.runtime import tune_collector_for_serving
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.profiles import get_profile
 from fairpool_engine.live import LiveScheduler
-from fairpool_engine.openai_protocol import (
+from fairpool_engine.sim.bodies import (
+    SSE_DONE,
+    ChatChunks,
+    CompletionChunks,
+    ResponseHeader,
+    Usage,
+    chat_response,
+    completion_response,
+    dumps,
+    model_list,
+    sse,
+)
+from fairpool_engine.sim.metrics import EngineMetrics
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -61,22 +74,8 @@ from fairpool_engine.openai_protocol import (
     output_budget,
     parse_body,
 )
-from fairpool_engine.openai_responses import (
-    SSE_DONE,
-    ChatChunks,
-    CompletionChunks,
-    ResponseHeader,
-    Usage,
-    chat_response,
-    completion_response,
-    dumps,
-    model_list,
-    sse,
-)
-from fairpool_engine.sim_metrics import EngineMetrics
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_runner import EngineRunner, Generation
-from fairpool_engine.sim_text import filler, output_seed, render_chat, tokenize
+from fairpool_engine.sim.runner import EngineRunner, Generation
+from fairpool_engine.sim.text import filler, output_seed, render_chat, tokenize
 
 log = logging.getLogger("fairpool.engine_sim")
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from fairpool.sched.requests import Request, Running
 from fairpool.sim.engine import Completion, SimEngine
 from fairpool_engine.live import LiveScheduler
-from fairpool_engine.sim_metrics import EngineMetrics
+from fairpool_engine.sim.metrics import EngineMetrics
 
 IDLE_CHECK = 0.25  # seconds between configuration checks while idle
 MAX_LAG = 0.02  # wall seconds the engine's clock may trail the wall clock, busy

@@ -36,7 +36,7 @@ from fairpool.sched.requests import Request as PolicyRequest
 from fairpool.sched.requests import Running
 from fairpool_engine.live import LiveScheduler
 from fairpool_engine.tenant_metrics import TenantMetrics
-from fairpool_engine.vllm_compat import (
+from fairpool_engine.vllm.compat import (
     AsyncScheduler,
     ObservedBlockMap,
     Request,
@@ -48,7 +48,7 @@ from fairpool_engine.vllm_compat import (
     observed_block_map,
     prefix_lookup,
 )
-from fairpool_engine.vllm_queue import PolicyRequestQueue, policy_request
+from fairpool_engine.vllm.request_queue import PolicyRequestQueue, policy_request
 
 # vLLM only installs handlers on loggers under its own namespace.
 log = init_logger("vllm.fairpool")

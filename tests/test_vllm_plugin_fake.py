@@ -303,6 +303,24 @@ def test_where_the_cache_cannot_be_followed_hits_are_looked_up_again_periodicall
     assert engine.served("b") == 8 * BLOCK + 2 * 2
 
 
+# ---------------------------------------------------------------------- memory-safe admission
+
+
+@pytest.mark.parametrize(("policy", "preempts"), [("vtc", True), ("vtc+memsafe", False)])
+def test_memory_safe_admission_keeps_vllm_from_preempting(
+    plugin, monkeypatch, tmp_path, policy, preempts
+):
+    """Four requests that each grow to 70 tokens on 9 blocks of 16 (144 tokens): two fit in
+    tokens (140) but not in blocks (2 × 5); memory-safe admission must count blocks."""
+    use_config(monkeypatch, tmp_path / "scheduler.json", policy=policy)
+    engine = FakeEngine(plugin, num_gpu_blocks=10, max_num_seqs=4)
+    for seed, tenant in enumerate("abab"):
+        engine.add(tenant, prompt(seed, 40), max_tokens=30)
+    engine.run()
+    assert (engine.scheduler.num_preemptions > 0) is preempts
+    assert engine.finish_reasons == dict.fromkeys(engine.tenants, "length")
+
+
 # ---------------------------------------------------------------------- configuration
 
 

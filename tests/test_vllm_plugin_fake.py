@@ -19,6 +19,8 @@ from fake_vllm.kv_cache import HybridKVCacheCoordinator
 from fake_vllm.request import RequestStatus
 from fake_vllm.scheduler import AsyncScheduler
 
+from fairpool_engine.pooling_tenant import salt_for
+
 BLOCK = 16
 
 
@@ -154,6 +156,22 @@ def test_a_blocked_request_vllm_skips_is_charged_once_and_keeps_its_place(plugin
     engine.run()
     assert [request_id for request_id, _ in engine.admissions] == [other, blocked, later]
     assert engine.served("a") == 2 * (2 * BLOCK + 2 * 2)
+
+
+def test_a_pooling_request_is_charged_to_the_tenant_its_salt_carries_for_its_prompt_only(plugin):
+    """An embedding through vLLM: no sampling parameters, the tenant in `cache_salt` (the
+    middleware puts it there), no output token; the salt keeps tenants' caches apart."""
+    engine = FakeEngine(plugin, runner_type="pooling")
+    first = engine.add(None, prompt(1, 40), pooling=True, cache_salt=salt_for("acme"))
+    engine.run()
+    again = engine.add(None, prompt(1, 40), pooling=True, cache_salt=salt_for("acme"))
+    other = engine.add(None, prompt(1, 40), pooling=True, cache_salt=salt_for("globex"))
+    engine.run()
+    assert engine.finish_reasons == dict.fromkeys((first, again, other), "stop")
+    assert all(engine.outputs[r] == [] for r in (first, again, other))
+    assert dict(engine.admissions) == {first: 0, again: 2 * BLOCK, other: 0}
+    assert engine.served("acme") == 40 + (40 - 2 * BLOCK)
+    assert engine.served("globex") == 40 and engine.served("default") == 0
 
 
 # ---------------------------------------------------------------------- aborts

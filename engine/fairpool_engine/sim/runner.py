@@ -104,7 +104,8 @@ class EngineRunner:
     def submit(
         self, tenant: str, tokens: Sequence[int], max_tokens: int, output_tokens: int
     ) -> Generation:
-        """Queue a request; it produces `output_tokens` (≤ `max_tokens`) tokens."""
+        """Queue a request; it produces `output_tokens` (≤ `max_tokens`) tokens, or none
+        (prefill-only: an embedding)."""
         request_id = f"sim-{next(self._ids)}"
         arrival = self.now()
         request = Request(request_id, tenant, len(tokens), max_tokens, arrival, tokens=tokens)
@@ -162,6 +163,8 @@ class EngineRunner:
         for completion in self._finished:
             generation = self._generations.pop(completion.request.request_id)
             request = completion.request
+            if generation.output_target == 0:  # prefill-only: its result is its first output
+                self.metrics.first_token(request.prompt_tokens, now - request.arrival)
             self.metrics.finished(
                 generation.finish_reason,
                 now - request.arrival,

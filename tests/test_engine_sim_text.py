@@ -11,11 +11,11 @@ from fairpool.sched import make_policy
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.engine import SimEngine
 from fairpool_engine.live import LiveScheduler
-from fairpool_engine.openai_protocol import RequestError, output_budget
-from fairpool_engine.sim_metrics import EngineMetrics
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_runner import EngineRunner
-from fairpool_engine.sim_text import filler, output_seed, render_chat, tokenize
+from fairpool_engine.sim.metrics import EngineMetrics
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.protocol import RequestError, output_budget
+from fairpool_engine.sim.runner import EngineRunner
+from fairpool_engine.sim.text import filler, output_seed, render_chat, tokenize
 
 
 def test_tokens_are_words_punctuation_and_chat_markers():

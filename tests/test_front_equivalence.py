@@ -41,8 +41,8 @@ from fairpool.sched.routers import RouteDecision
 from fairpool.sim.fleet import Fleet
 from fairpool.sim.run import SimOptions, fleet_config
 from fairpool.sim.trace import Segment, TraceRequest
-from fairpool_engine.sim_options import SimOptions as EngineOptions
-from fairpool_engine.sim_server import ServerThread
+from fairpool_engine.sim.options import SimOptions as EngineOptions
+from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.server import GatewayThread
 
 MODEL = "sim-model"

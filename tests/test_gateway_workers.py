@@ -19,8 +19,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_server import ServerThread
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor, parse_load, shown
 
 LEAVE_DEADLINE = 2.0  # seconds: "a failing worker leaves rotation within 2 s"

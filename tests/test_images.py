@@ -162,7 +162,7 @@ def test_python_images_share_one_base():
 
 
 def test_the_engine_is_the_vllm_release_the_plugin_supports():
-    compat = (ROOT / "engine" / "fairpool_engine" / "vllm_compat.py").read_text()
+    compat = (ROOT / "engine" / "fairpool_engine" / "vllm" / "compat.py").read_text()
     (supported,) = re.findall(r'SUPPORTED_VERSIONS = \("([^"]+)",\)', compat)
     assert final("engine").base == f"vllm/vllm-openai:v{supported}"
     assert f"'{supported}'" in (IMAGES / "engine.Dockerfile").read_text(), "the build checks it"

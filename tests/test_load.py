@@ -35,7 +35,7 @@ from fairpool_cli.load.tenants import (
     tenants_from_manifests,
 )
 from fairpool_cli.main import main
-from fairpool_engine.sim_text import render_chat, tokenize
+from fairpool_engine.sim.text import render_chat, tokenize
 
 URL = "http://127.0.0.1:9/v1"  # never contacted: for specs that are only built
 

@@ -129,3 +129,20 @@ def test_abort_a_preempted_request():
     run_until_idle(engine)
     assert engine.memory_in_use == 0 and engine.policy.waiting_count == 0
     assert len(engine.completions) == 3 - len(waiting)
+
+
+def test_a_prefill_only_request_finishes_at_its_prefill_charged_for_the_uncached_prompt():
+    """An embedding: no output token, no decode step, the prefix cache serves a repeat."""
+    engine = SimEngine(make_policy("vtc"), memory_tokens=5000, block_size=16)
+    prompt = list(range(100))
+    engine.submit(Request("first", "a", 100, 1), prompt, 0)
+    run_until_idle(engine)
+    steps = engine.steps
+    engine.submit(Request("again", "a", 100, 1), prompt, 0)
+    run_until_idle(engine)
+    first, again = engine.completions
+    assert (first.output_tokens, again.output_tokens) == (0, 0)
+    assert again.cached_tokens == 96  # whole blocks
+    assert engine.steps - steps == 1  # one prefill step, no decode
+    assert engine.policy.served["a"] == pytest.approx(100 + (100 - 96))
+    assert engine.memory_in_use == 0 and engine.policy.running_count == 0

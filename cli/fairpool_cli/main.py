@@ -18,7 +18,7 @@ from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
 from fairpool.sim.plots import plot_service_over_time
 from fairpool_cli.parent import die_with_parent
-from fairpool_engine import sim_options
+from fairpool_engine.sim import options as sim_options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -375,13 +375,13 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from fairpool_engine.vllm_launch import run
+    from fairpool_engine.vllm.launch import run
 
     return run(args.model, args.vllm_args, args.scheduler_config, args.policy)
 
 
 def _engine_sim(args: argparse.Namespace) -> int:
-    from fairpool_engine.sim_server import serve
+    from fairpool_engine.sim.server import serve
 
     return serve(sim_options.from_args(args))
 

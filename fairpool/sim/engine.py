@@ -186,12 +186,14 @@ class SimEngine:
     # ------------------------------------------------------------------ requests
 
     def submit(self, request: Request, tokens: Sequence[int], output_tokens: int) -> None:
-        """A request arrives now; it will produce `output_tokens` (≤ max_tokens)."""
+        """A request arrives now; it will produce `output_tokens` (≤ max_tokens). With 0 it
+        is prefill-only (an embedding, as vLLM's pooling requests): it finishes when its
+        prompt is computed, charged for the uncached prompt alone."""
         if len(tokens) != request.prompt_tokens:
             raise ConfigError(
                 "tokens", f"has {len(tokens)} ids, but prompt_tokens is {request.prompt_tokens}"
             )
-        require_count("output_tokens", output_tokens, minimum=1)
+        require_count("output_tokens", output_tokens, minimum=0)
         if self.blocks_for(request.prompt_tokens + request.max_tokens) > self.memory_tokens:
             raise ConfigError(
                 "max_tokens",
@@ -350,6 +352,10 @@ class SimEngine:
         if job.lock is not None:
             self.cache.unlock(job.lock)
         job.lock = self.cache.lock(job.tokens[:shared]) if shared else None
+        if job.output_target == 0:  # prefill-only: its result is ready, no token follows
+            job.first_token_at = job.last_token_at = self.now
+            self._finish(job)
+            return
         self._emit(running, grows=False)  # a prefill (or a recompute) yields the next token
 
     def _emit(self, running: Running, grows: bool) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fairpool_engine.tiny_model import build
+from fairpool_engine.vllm.tiny_model import build
 
 MODEL_NAME = "tiny"
 STARTUP_TIMEOUT = 240.0
@@ -88,7 +88,7 @@ def start_server(
         if config is not None:
             command += ["--scheduler-config", str(config)]
     else:  # stock vLLM, same options
-        command = [sys.executable, "-m", "fairpool_engine.vllm_main", "serve", str(model)]
+        command = [sys.executable, "-m", "fairpool_engine.vllm.main", "serve", str(model)]
     trace = scratch / f"{name}-trace.jsonl"
     log = scratch / f"{name}.log"
     env = vllm_environment(scratch, FAIRPOOL_SCHEDULER_TRACE=str(trace))

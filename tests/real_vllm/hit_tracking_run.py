@@ -19,8 +19,8 @@ os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", VLLM_N
 from vllm import LLM, SamplingParams
 
 from fairpool.sched.policy import LocalPolicy
-from fairpool_engine import vllm_compat
-from fairpool_engine.vllm_scheduler import FairSchedulingMixin
+from fairpool_engine.vllm import compat
+from fairpool_engine.vllm.scheduler import FairSchedulingMixin
 
 TENANTS = 6
 STEPS = 300
@@ -34,7 +34,7 @@ def main(model: str) -> None:
     llm = LLM(
         model=model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
         max_num_seqs=4, max_num_batched_tokens=1024, kv_cache_memory_bytes=2 << 20,
-        scheduler_cls="fairpool_engine.vllm_scheduler.FairScheduler",
+        scheduler_cls="fairpool_engine.vllm.scheduler.FairScheduler",
     )  # fmt: skip
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
@@ -44,7 +44,7 @@ def main(model: str) -> None:
     def check_followed_hits() -> None:
         for request_id, followed in scheduler.view.followed_hits().items():
             request = scheduler.requests[request_id]
-            fresh = vllm_compat.prefix_lookup(scheduler.kv_cache_manager, request, 128)[0]
+            fresh = compat.prefix_lookup(scheduler.kv_cache_manager, request, 128)[0]
             by_vllm = scheduler.kv_cache_manager.get_computed_blocks(request)[1]
             counts["checked"] += 1
             counts["mismatched"] += followed != fresh
@@ -58,14 +58,14 @@ def main(model: str) -> None:
         return next_request(self, view)  # type: ignore[arg-type]
 
     LocalPolicy.next_request = checked_next_request  # type: ignore[method-assign]
-    block_map_type = vllm_compat.ObservedBlockMap
+    block_map_type = compat.ObservedBlockMap
     insert, pop = block_map_type.insert, block_map_type.pop
 
-    def counted_insert(self: vllm_compat.ObservedBlockMap, key: bytes, block: object) -> None:
+    def counted_insert(self: compat.ObservedBlockMap, key: bytes, block: object) -> None:
         counts["stored"] += 1
         insert(self, key, block)
 
-    def counted_pop(self: vllm_compat.ObservedBlockMap, key: bytes, block_id: int) -> object:
+    def counted_pop(self: compat.ObservedBlockMap, key: bytes, block_id: int) -> object:
         counts["dropped"] += 1
         return pop(self, key, block_id)
 

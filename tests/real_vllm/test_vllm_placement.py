@@ -21,8 +21,8 @@ import yaml
 
 from fairpool.placement.planner import check_partition
 from fairpool_cli.main import _parser
-from fairpool_engine.vllm_launch import vllm_command
-from fairpool_engine.vllm_main import _patch_cpu_build_version
+from fairpool_engine.vllm.launch import vllm_command
+from fairpool_engine.vllm.main import _patch_cpu_build_version
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import plan_namespace
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from fairpool.sched.requests import Request, Running
 from fairpool.sim.engine import Completion, SimEngine
 from fairpool_engine.live import LiveScheduler
-from fairpool_engine.sim_metrics import EngineMetrics
+from fairpool_engine.sim.metrics import EngineMetrics
 
 IDLE_CHECK = 0.25  # seconds between configuration checks while idle
 MAX_LAG = 0.02  # wall seconds the engine's clock may trail the wall clock, busy
@@ -104,7 +104,8 @@ class EngineRunner:
     def submit(
         self, tenant: str, tokens: Sequence[int], max_tokens: int, output_tokens: int
     ) -> Generation:
-        """Queue a request; it produces `output_tokens` (≤ `max_tokens`) tokens."""
+        """Queue a request; it produces `output_tokens` (≤ `max_tokens`) tokens, or none
+        (prefill-only: an embedding)."""
         request_id = f"sim-{next(self._ids)}"
         arrival = self.now()
         request = Request(request_id, tenant, len(tokens), max_tokens, arrival, tokens=tokens)
@@ -162,6 +163,8 @@ class EngineRunner:
         for completion in self._finished:
             generation = self._generations.pop(completion.request.request_id)
             request = completion.request
+            if generation.output_target == 0:  # prefill-only: its result is its first output
+                self.metrics.first_token(request.prompt_tokens, now - request.arrival)
             self.metrics.finished(
                 generation.finish_reason,
                 now - request.arrival,

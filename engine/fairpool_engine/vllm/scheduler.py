@@ -36,7 +36,7 @@ from fairpool.sched.requests import Request as PolicyRequest
 from fairpool.sched.requests import Running
 from fairpool_engine.live import LiveScheduler
 from fairpool_engine.tenant_metrics import TenantMetrics
-from fairpool_engine.vllm_compat import (
+from fairpool_engine.vllm.compat import (
     AsyncScheduler,
     ObservedBlockMap,
     Request,
@@ -48,7 +48,7 @@ from fairpool_engine.vllm_compat import (
     observed_block_map,
     prefix_lookup,
 )
-from fairpool_engine.vllm_queue import PolicyRequestQueue, policy_request
+from fairpool_engine.vllm.request_queue import PolicyRequestQueue, policy_request
 
 # vLLM only installs handlers on loggers under its own namespace.
 log = init_logger("vllm.fairpool")
@@ -105,8 +105,15 @@ class VllmEngineView:
 
     @property
     def memory_tokens(self) -> int:
+        """M for memory-safe admission: the KV capacity in tokens, less what vLLM's
+        allocation in whole blocks may leave empty. Each request the check counts (the
+        running ones and the candidate) may hold up to block_size − 1 unused slots in
+        its last block, so a set that fits M in tokens also fits the cache in blocks;
+        counted in plain tokens, it may not, and vLLM would then preempt."""
         scheduler = self._scheduler
-        return kv_capacity_tokens(scheduler.kv_cache_manager, scheduler.block_size)
+        capacity = kv_capacity_tokens(scheduler.kv_cache_manager, scheduler.block_size)
+        partial_blocks = (len(self.running) + 1) * (scheduler.block_size - 1)
+        return max(capacity - partial_blocks, 0)
 
     @property
     def memory_utilization(self) -> float:
@@ -174,8 +181,10 @@ class VllmEngineView:
         return block_map
 
     def forget(self, request_id: str) -> None:
-        """`request_id` left the waiting queue."""
+        """`request_id` left the waiting queue: admitted (vLLM adds it to its running
+        requests before it peeks again) or aborted."""
         self._forget_hit(request_id, moved=False)
+        self._running = None  # the next pick of this step must count it as running
 
     def _look_up(self, request: Request) -> int:
         scheduler = self._scheduler

@@ -6,7 +6,7 @@ trained on Python's own standard-library sources, and a 2-layer Llama with hidde
 random weights — about 0.56 M parameters, 2 MB. Its output is gibberish; its token
 counts, prefix caching, batching and preemption behave like any model's.
 
-    python -m fairpool_engine.tiny_model OUT_DIR
+    python -m fairpool_engine.vllm.tiny_model OUT_DIR
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
+from fairpool.api.scheduler_config import TENANT_XARG
+from fairpool_engine.pooling_tenant import tenant_in
+
 SUPPORTED_VERSIONS = ("0.32.0",)
 ALLOW_UNTESTED_ENV = "FAIRPOOL_ALLOW_UNTESTED_VLLM"
 
@@ -176,6 +179,11 @@ def kv_capacity_tokens(kv_cache_manager: Any, block_size: int) -> int:
 
 
 def extra_args(request: Request) -> dict[str, Any] | None:
-    """The request's `vllm_xargs`, as vLLM hands them to the engine."""
+    """The request's `vllm_xargs`, as vLLM hands them to the engine; for a pooling request
+    (no sampling parameters, no `vllm_xargs`), the tenant the middleware put in its
+    `cache_salt` (`fairpool_engine.pooling_tenant`)."""
     params = request.sampling_params
-    return None if params is None else params.extra_args
+    if params is not None:
+        return params.extra_args
+    tenant = tenant_in(request.cache_salt)
+    return None if tenant is None else {TENANT_XARG: tenant}

@@ -29,6 +29,7 @@ class SimOptions:
     speedup: float = 1.0
     seed: int = 0
     eos_after: tuple[int, int] | None = None
+    embedding_dim: int = 768
     error_rate: float = 0.0
     hang_rate: float = 0.0
     crash_rate: float = 0.0
@@ -54,6 +55,7 @@ class SimOptions:
                 "(raise --memory-tokens or lower --max-model-len)",
             )
         require_positive("--speedup", self.speedup)
+        require_count("--embedding-dim", self.embedding_dim, minimum=1)
         require_positive("reload_interval", self.reload_interval)
         if self.eos_after is not None:
             low, high = self.eos_after
@@ -97,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="outputs end (finish_reason stop) after MIN..MAX tokens, unless the request "
         "sets ignore_eos (default: every output runs to max_tokens)",
     )
+    add(
+        "--embedding-dim",
+        type=int,
+        default=defaults.embedding_dim,
+        help="length of the vectors /v1/embeddings returns (768)",
+    )
     add("--error-rate", type=float, default=0.0, help="fraction answered 500 (test only)")
     add("--hang-rate", type=float, default=0.0, help="fraction never answered (test only)")
     add("--crash-rate", type=float, default=0.0, help="fraction cut mid-stream (test only)")
@@ -120,6 +128,7 @@ def from_args(args: argparse.Namespace) -> SimOptions:
         speedup=args.speedup,
         seed=args.seed,
         eos_after=args.eos_after,
+        embedding_dim=args.embedding_dim,
         error_rate=args.error_rate,
         hang_rate=args.hang_rate,
         crash_rate=args.crash_rate,

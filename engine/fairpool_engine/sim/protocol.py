@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import re
 from http import HTTPStatus
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fairpool.api.scheduler_config import check_xargs
 from fairpool.sched.errors import ConfigError
+from fairpool_engine.sim.bodies import random_id
 
 _MAX_REPORTED_ERRORS = 10  # vLLM bounds the size of validation messages the same way
 _MAX_INPUT_CHARS = 200
@@ -76,6 +77,11 @@ def model_not_found(model: str, served: str) -> APIError:
         HTTPStatus.NOT_FOUND,
         "model",
     )
+
+
+def pooling_model_not_found(model: str) -> APIError:
+    """vLLM's pooling endpoints word it differently, and name no parameter."""
+    return APIError(f"The model `{model}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND)
 
 
 def http_error(status: int, detail: str) -> APIError:
@@ -149,6 +155,12 @@ def output_budget(
             parameter="input_tokens",
             value=prompt_tokens,
         )
+    return _capped_output(max_model_len, prompt_tokens, requested, min_tokens)
+
+
+def _capped_output(
+    max_model_len: int, prompt_tokens: int, requested: int | None, min_tokens: int = 0
+) -> int:
     room = max_model_len - prompt_tokens
     max_tokens = room if requested is None else min(room, requested)
     if max_tokens < 1:
@@ -166,6 +178,42 @@ def output_budget(
     return max_tokens
 
 
+def check_input_length(max_model_len: int, prompt_tokens: int) -> None:
+    """vLLM's check of a rendered prompt (responses, embeddings). Its tokenizer stops at
+    max_model_len + 1 tokens, so a prompt too long is reported as "at least" that."""
+    if prompt_tokens > max_model_len:
+        counted = max_model_len + 1
+        raise RequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains at least {counted} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt.",
+            parameter="input_tokens",
+            value=counted,
+        )
+
+
+def responses_output_budget(max_model_len: int, prompt_tokens: int, requested: int | None) -> int:
+    """max_output_tokens as vLLM's Responses API checks it, in vLLM's order: the limit
+    against the context, the prompt against it (at rendering), a prompt that leaves no
+    room (before generation), then the output cap."""
+    if requested is not None and requested > max_model_len:
+        raise RequestError(
+            f"max_output_tokens={requested} cannot be greater than max_model_len="
+            f"{max_model_len}. Please request fewer output tokens.",
+            parameter="max_output_tokens",
+            value=requested,
+        )
+    check_input_length(max_model_len, prompt_tokens)
+    if prompt_tokens >= max_model_len:
+        raise APIError(
+            f"The engine prompt length {prompt_tokens} exceeds the max_model_len "
+            f"{max_model_len}. Please reduce prompt.",
+            "invalid_request_error",
+            param="input",
+        )
+    return _capped_output(max_model_len, prompt_tokens, requested)
+
+
 # ---------------------------------------------------------------------- requests
 
 
@@ -178,11 +226,24 @@ class StreamOptions(BaseModel):
 XargValue = str | int | float | list[str | int | float]
 
 
-class GenerationRequest(BaseModel):
-    """Fields common to completions and chat completions."""
+class ServedRequest(BaseModel):
+    """Fields of every request engine-sim serves: the model, and the tenant's xargs."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
+    vllm_xargs: dict[str, XargValue] | None = None
+
+    def check_supported(self) -> None:
+        """Refuse bad fairpool xargs (and, in subclasses, what engine-sim cannot serve)."""
+        try:
+            check_xargs(self.vllm_xargs)
+        except ConfigError as error:
+            raise APIError(str(error), param=error.parameter) from None
+
+
+class GenerationRequest(ServedRequest):
+    """Fields common to completions and chat completions."""
+
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -190,7 +251,6 @@ class GenerationRequest(BaseModel):
     min_tokens: int = 0
     use_beam_search: bool = False
     request_id: str | None = None
-    vllm_xargs: dict[str, XargValue] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -208,10 +268,7 @@ class GenerationRequest(BaseModel):
             raise _unsupported("n", "`n` other than 1")
         if self.use_beam_search:
             raise _unsupported("use_beam_search", "beam search")
-        try:
-            check_xargs(self.vllm_xargs)
-        except ConfigError as error:
-            raise APIError(str(error), param=error.parameter) from None
+        super().check_supported()
 
     @property
     def include_usage(self) -> bool:
@@ -314,6 +371,207 @@ class ChatCompletionRequest(GenerationRequest):
         return "assistant" if self.add_generation_prompt else self.messages[-1].role
 
 
+# ---------------------------------------------------------------------- responses
+
+
+class ResponseContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ResponseInputItem(BaseModel):
+    """An input item; engine-sim serves messages (a role and text content)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str | None = None
+    role: str | None = None
+    content: str | list[ResponseContentPart] | None = None
+    status: str | None = None
+
+    def message(self) -> tuple[str, str]:
+        kind = self.type or "message"
+        if kind != "message" or self.role not in MESSAGE_ROLES:
+            raise _unsupported("input", f"input items of type {kind!r} (role {self.role!r})")
+        if self.content is None or isinstance(self.content, str):
+            return str(self.role), self.content or ""
+        for part in self.content:
+            if part.type not in ("input_text", "output_text") or part.text is None:
+                raise _unsupported("input", f"content parts of type {part.type!r}")
+        return str(self.role), "\n".join(part.text or "" for part in self.content)
+
+
+MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+
+
+class ResponsesRequest(ServedRequest):
+    """vLLM 0.32's `ResponsesRequest`, with the fields engine-sim reads or echoes."""
+
+    input: str | list[ResponseInputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    stream: bool | None = False
+    previous_response_id: str | None = None
+    store: bool | None = True
+    background: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool | None = True
+    max_tool_calls: int | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] = "auto"
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    ignore_eos: bool = False
+    request_id: str = Field(default_factory=lambda: f"resp_{random_id()}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllms_checks(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("background") and not data.get("store", True):
+            raise RequestError(
+                "background can only be used when `store` is true", parameter="background"
+            )
+        if data.get("prompt") is not None:
+            raise RequestError("prompt template is not supported", parameter="prompt")
+        if not data.get("tools"):
+            choice = data.get("tool_choice", "auto")
+            if choice in ("auto", "none"):
+                data = {**data, "tool_choice": "none"}
+            elif choice == "required":
+                raise RequestError(
+                    "Tool choice 'required' must be specified with 'tools' parameter.",
+                    parameter="tool_choice",
+                )
+            elif isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+                raise RequestError(
+                    "Tool choice 'function' not found in 'tools' parameter.",
+                    parameter="tool_choice",
+                )
+        return data
+
+    def check_supported(self) -> None:
+        """vLLM's checks after the model's (no response store here, as in vLLM by
+        default), then what engine-sim does not simulate."""
+        super().check_supported()
+        if self.store and self.background:
+            raise APIError(
+                "This vLLM engine does not support `store=True` and therefore does not "
+                "support the background mode. To enable these features, set the "
+                "environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching "
+                "the vLLM server.",
+                "invalid_request_error",
+                param="background",
+            )
+        if self.previous_response_id is not None:
+            raise APIError(
+                f"Response with id '{self.previous_response_id}' not found.",
+                "invalid_request_error",
+                HTTPStatus.NOT_FOUND,
+                "response_id",
+            )
+        if self.tools:
+            raise _unsupported("tools", "tools")
+        if self.text is not None and (self.text.get("format") or {}).get("type", "text") != "text":
+            raise _unsupported("text", "structured output formats")
+        if self.include and "message.output_text.logprobs" in self.include:
+            raise _unsupported("include", "logprobs")
+        if self.truncation == "auto":
+            raise _unsupported("truncation", "truncation")
+
+    def messages(self) -> tuple[list[tuple[str, str]], bool]:
+        """The conversation as (role, text) messages, as vLLM builds it (instructions as
+        a system message first), and whether to add the generation prompt (not when the
+        last item is an assistant message still in progress, which the model continues)."""
+        conversation = [("system", self.instructions)] if self.instructions else []
+        if isinstance(self.input, str):
+            return [*conversation, ("user", self.input)], True
+        conversation += [item.message() for item in self.input]
+        if not conversation:
+            raise APIError(
+                "Cannot apply chat template to an empty conversation. Provide at least one message."
+            )
+        last = self.input[-1] if self.input else None
+        partial = last is not None and last.role == "assistant"
+        partial = partial and last is not None and last.status in ("in_progress", "incomplete")
+        return conversation, not partial
+
+
+# ---------------------------------------------------------------------- embeddings
+
+#: vLLM's limits on `cache_salt` (`validate_cache_salt`).
+_MAX_SALT = 128
+_SALT_FORBIDDEN = set("@/\\\0")
+
+
+class EmbeddingRequest(ServedRequest):
+    """vLLM 0.32's `EmbeddingCompletionRequest`, with the fields engine-sim reads."""
+
+    input: list[TokenId] | list[list[TokenId]] | str | list[str]
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
+    dimensions: int | None = None
+    user: str | None = None
+    request_id: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    cache_salt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _salt(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("cache_salt") is None:
+            return data
+        salt = data["cache_salt"]
+        if not isinstance(salt, str) or not salt:
+            raise RequestError(
+                "Parameter 'cache_salt' must be a non-empty string if provided.",
+                parameter="cache_salt",
+            )
+        if len(salt) > _MAX_SALT or _SALT_FORBIDDEN & set(salt):
+            raise RequestError(
+                "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                "'@', '/', '\\\\', or NUL.",
+                parameter="cache_salt",
+            )
+        return data
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.model_extra and "messages" in self.model_extra:
+            raise _unsupported("messages", "chat messages as embeddings input")
+        if self.encoding_format in ("bytes", "bytes_only"):
+            raise _unsupported("encoding_format", f"encoding_format {self.encoding_format!r}")
+        if self.embed_dtype not in ("float32", "float16", "bfloat16"):
+            raise _unsupported("embed_dtype", f"embed_dtype {self.embed_dtype!r}")
+        if self.truncate_prompt_tokens is not None:
+            raise _unsupported("truncate_prompt_tokens", "truncate_prompt_tokens")
+
+    def inputs(self) -> list[str | list[int]]:
+        """One prompt per embedding: a text or token ids."""
+        given = self.input
+        if isinstance(given, str):
+            return [given]
+        if not given:
+            raise APIError("You must pass at least one prompt")
+        if isinstance(given[0], int):
+            return [given]
+        return list(given)
+
+
+def empty_decoder_prompt() -> APIError:
+    return APIError("The decoder prompt cannot be empty")
+
+
 def empty_prompt() -> RequestError:
     return RequestError(
         "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
@@ -324,7 +582,7 @@ def _unsupported(param: str, what: str) -> APIError:
     return APIError(f"The simulated engine does not support {what}.", param=param)
 
 
-Parsed = TypeVar("Parsed", bound=GenerationRequest)
+Parsed = TypeVar("Parsed", bound=ServedRequest)
 
 
 def parse_body(body: bytes, content_type: str, model: type[Parsed]) -> Parsed:

@@ -5,8 +5,8 @@ The launcher checks the scheduler configuration before anything starts (a bad fi
 an error naming the field, not a crash inside vLLM's engine process), then runs vLLM's
 `serve` as a child with:
 
-- `--scheduler-cls fairpool_engine.vllm_scheduler.FairScheduler`;
-- `--middleware fairpool_engine.vllm_middleware.TenantXargsMiddleware` (400 for bad
+- `--scheduler-cls fairpool_engine.vllm.scheduler.FairScheduler`;
+- `--middleware fairpool_engine.vllm.middleware.TenantXargsMiddleware` (400 for bad
   `vllm_xargs.fairpool_*`);
 - `--enable-prompt-tokens-details`, so usage reports cached prompt tokens (the gateway
   corrects its charges with them);
@@ -33,15 +33,15 @@ from pathlib import Path
 from fairpool.api.scheduler_config import CONFIG_ENV, POLICY_ENV
 from fairpool_engine.live import LiveScheduler
 
-SCHEDULER_CLS = "fairpool_engine.vllm_scheduler.FairScheduler"
-MIDDLEWARE = "fairpool_engine.vllm_middleware.TenantXargsMiddleware"
+SCHEDULER_CLS = "fairpool_engine.vllm.scheduler.FairScheduler"
+MIDDLEWARE = "fairpool_engine.vllm.middleware.TenantXargsMiddleware"
 
 
 def vllm_command(model: str, vllm_args: Sequence[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "fairpool_engine.vllm_main",
+        "fairpool_engine.vllm.main",
         "serve",
         model,
         "--scheduler-cls",

@@ -1,16 +1,19 @@
 """`fairpool engine-sim`: an OpenAI-compatible server with vLLM's HTTP surface, serving a
 simulated engine in wall-clock time.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions` (streaming or not),
-`GET /v1/models`, `GET /health`, `GET /metrics`, and, for tests only,
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`
+(streaming or not), `POST /v1/embeddings`, `GET /v1/models`, `GET /health`,
+`GET /metrics`, and, for tests only,
 `POST /admin/health {"healthy": false}`, which makes `/health` answer 503 (as vLLM's
 does when its engine died) until set back.
 
-A request is validated as vLLM validates it (`openai_protocol`), tokenized
-(`sim_text`), and queued in the `SimEngine` under its tenant (`vllm_xargs`
-`fairpool_tenant`), where the scheduler configuration's policy orders it; the engine
-loop (`sim_runner`) hands its tokens to the handler as they are generated. A client
-that goes away aborts its request.
+A request is validated as vLLM validates it (`protocol`), tokenized (`text`), and
+queued in the `SimEngine` under its tenant (`vllm_xargs` `fairpool_tenant`), where the
+scheduler configuration's policy orders it; the engine loop (`runner`) hands its tokens
+to the handler as they are generated. A client that goes away aborts its request. An
+embedding is prefill-only: one engine request per input, charged for its uncached
+prompt, its prefix cache shared only within its tenant (`pooling_tenant`). vLLM serves
+embeddings only with a pooling model (`--runner pooling`); engine-sim serves both kinds.
 
 Failure injection (`--error-rate`, `--hang-rate`, `--crash-rate`) picks, per valid
 request, one of: a 500 before the first byte; no answer at all until the client gives
@@ -29,10 +32,10 @@ import random
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -43,25 +46,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from fairpool.api.scheduler_config import CONFIG_ENV, tenant_of
+from fairpool.api.scheduler_config import CONFIG_ENV, TENANT_XARG, tenant_of
 from fairpool.runtime import tune_collector_for_serving
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.profiles import get_profile
+from fairpool_engine import pooling_tenant
 from fairpool_engine.live import LiveScheduler
-from fairpool_engine.openai_protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationRequest,
-    Parsed,
-    RequestError,
-    empty_prompt,
-    http_error,
-    model_not_found,
-    output_budget,
-    parse_body,
-)
-from fairpool_engine.openai_responses import (
+from fairpool_engine.sim.bodies import (
     SSE_DONE,
     ChatChunks,
     CompletionChunks,
@@ -71,26 +62,100 @@ from fairpool_engine.openai_responses import (
     completion_response,
     dumps,
     model_list,
+    random_id,
     sse,
 )
-from fairpool_engine.sim_metrics import EngineMetrics
-from fairpool_engine.sim_options import SimOptions
-from fairpool_engine.sim_runner import EngineRunner, Generation
-from fairpool_engine.sim_text import filler, output_seed, render_chat, tokenize
+from fairpool_engine.sim.embeddings import embedding_response, encode, salted, vector
+from fairpool_engine.sim.metrics import EngineMetrics
+from fairpool_engine.sim.options import SimOptions
+from fairpool_engine.sim.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerationRequest,
+    Parsed,
+    RequestError,
+    ResponsesRequest,
+    check_input_length,
+    empty_decoder_prompt,
+    empty_prompt,
+    http_error,
+    model_not_found,
+    output_budget,
+    parse_body,
+    pooling_model_not_found,
+    responses_output_budget,
+)
+from fairpool_engine.sim.responses import ResponseEvents, ResponseHead, response_body
+from fairpool_engine.sim.runner import EngineRunner, Generation
+from fairpool_engine.sim.text import filler, output_seed, render_chat, tokenize
 
 log = logging.getLogger("fairpool.engine_sim")
+
+
+class EventStream(Protocol):
+    """How a streamed answer is written: before the first token, at each engine output
+    (its text, the finish reason once finished, usage so far), and after the last."""
+
+    def head(self) -> list[bytes]: ...
+
+    def step(self, text: str, finish_reason: str | None, usage: Usage) -> list[bytes]: ...
+
+    def tail(self, finish_reason: str, usage: Usage) -> list[bytes]: ...
+
+
+class ChunkStream:
+    """Completions and chat: `data:` chunks, optional usage, then `[DONE]`."""
+
+    def __init__(self, request: GenerationRequest, chunks: CompletionChunks) -> None:
+        self.request, self.chunks = request, chunks
+        self.opened = False
+
+    def head(self) -> list[bytes]:
+        return []
+
+    def step(self, text: str, finish_reason: str | None, usage: Usage) -> list[bytes]:
+        continuous = self.request.continuous_usage
+        events = []
+        if not self.opened:
+            self.opened = True
+            opening_usage = replace(usage, completion_tokens=0) if continuous else None
+            events += [sse(chunk) for chunk in self.chunks.opening(opening_usage)]
+        delta = self.chunks.delta(text, finish_reason, usage if continuous else None)
+        return [*events, sse(delta)]
+
+    def tail(self, finish_reason: str, usage: Usage) -> list[bytes]:
+        events = [sse(self.chunks.usage(usage))] if self.request.include_usage else []
+        return [*events, SSE_DONE]
+
+
+class ResponseStream:
+    """The Responses API: named events from `response.created` to `response.completed`."""
+
+    def __init__(self, head: ResponseHead) -> None:
+        self.events = ResponseEvents(head)
+
+    def head(self) -> list[bytes]:
+        return self.events.start()
+
+    def step(self, text: str, finish_reason: str | None, usage: Usage) -> list[bytes]:
+        return self.events.delta(text)
+
+    def tail(self, finish_reason: str, usage: Usage) -> list[bytes]:
+        return self.events.finish(finish_reason, usage)
 
 
 @dataclass
 class Job:
     """A valid request, ready for the engine, and how to answer it."""
 
-    request: GenerationRequest
+    request: GenerationRequest | ResponsesRequest
     tokens: list[int]
     max_tokens: int
     output_tokens: int
     seed: int
-    chunks: CompletionChunks  # a streamed answer
+    stream: Callable[[], EventStream]  # a streamed answer
     whole: Callable[[str, str, Usage], dict[str, Any]]  # (text, finish_reason, usage)
 
     def text(self, start: int, stop: int) -> str:
@@ -179,6 +244,8 @@ class SimServer:
             routes=[
                 Route("/v1/completions", self.completions, methods=["POST"]),
                 Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/responses", self.responses, methods=["POST"]),
+                Route("/v1/embeddings", self.embeddings, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/health", self.health, methods=["GET"]),
                 Route("/metrics", self.prometheus, methods=["GET"]),
@@ -214,6 +281,9 @@ class SimServer:
     async def chat_completions(self, http: Request) -> Response:
         return await self._serve(http, self._chat_job)
 
+    async def responses(self, http: Request) -> Response:
+        return await self._serve(http, self._responses_job)
+
     async def _completion_job(self, http: Request) -> Job:
         request = self._check(await _parse(http, CompletionRequest))
         prompt = request.prompt_text_or_ids()
@@ -221,11 +291,12 @@ class SimServer:
         if not tokens:
             raise empty_prompt()
         header = ResponseHeader.new("cmpl", self.options.model, _request_id(http, request))
+        chunks = CompletionChunks(header)
         return self._job(
             request,
             tokens,
             (request.max_tokens, "max_tokens"),
-            CompletionChunks(header),
+            lambda: ChunkStream(request, chunks),
             functools.partial(completion_response, header),
         )
 
@@ -235,12 +306,29 @@ class SimServer:
         tokens = tokenize(render_chat(messages, request.add_generation_prompt))
         header = ResponseHeader.new("chatcmpl", self.options.model, _request_id(http, request))
         role = request.response_role
+        chunks = ChatChunks(header, role)
         return self._job(
             request,
             tokens,
             request.output_limit,
-            ChatChunks(header, role),
+            lambda: ChunkStream(request, chunks),
             functools.partial(chat_response, header, role),
+        )
+
+    async def _responses_job(self, http: Request) -> Job:
+        request = self._check(await _parse(http, ResponsesRequest))
+        messages, generation_prompt = request.messages()
+        tokens = tokenize(render_chat(messages, generation_prompt))
+        limit = self.options.max_model_len
+        max_tokens = responses_output_budget(limit, len(tokens), request.max_output_tokens)
+        head = ResponseHead(request, self.options.model, int(time.time()), max_tokens)
+        return self._new_job(
+            request,
+            tokens,
+            max_tokens,
+            0,
+            lambda: ResponseStream(head),
+            functools.partial(response_body, head),
         )
 
     def _check(self, request: Parsed) -> Parsed:
@@ -255,20 +343,31 @@ class SimServer:
         request: GenerationRequest,
         tokens: list[int],
         output_limit: tuple[int | None, str],
-        chunks: CompletionChunks,
+        stream: Callable[[], EventStream],
         whole: Callable[[str, str, Usage], dict[str, Any]],
     ) -> Job:
         requested, param = output_limit
         max_tokens = output_budget(
             self.options.max_model_len, len(tokens), requested, param, request.min_tokens
         )
+        return self._new_job(request, tokens, max_tokens, request.min_tokens, stream, whole)
+
+    def _new_job(
+        self,
+        request: GenerationRequest | ResponsesRequest,
+        tokens: list[int],
+        max_tokens: int,
+        min_tokens: int,
+        stream: Callable[[], EventStream],
+        whole: Callable[[str, str, Usage], dict[str, Any]],
+    ) -> Job:
         seed = output_seed(tokens, self.options.seed)
         output = max_tokens
         eos = self.options.eos_after
         if eos is not None and not request.ignore_eos:
             low, high = eos
-            output = min(max(low + seed % (high - low + 1), request.min_tokens), max_tokens)
-        return Job(request, tokens, max_tokens, output, seed, chunks, whole)
+            output = min(max(low + seed % (high - low + 1), min_tokens), max_tokens)
+        return Job(request, tokens, max_tokens, output, seed, stream, whole)
 
     async def _serve(
         self, http: Request, make_job: Callable[[Request], Awaitable[Job]]
@@ -280,17 +379,9 @@ class SimServer:
         except RequestError as error:
             return _error_response(error.api_error())
         fault = self.faults.draw()
-        if fault == "error":
-            return _error_response(
-                APIError(
-                    "Simulated engine failure (--error-rate).",
-                    "InternalServerError",
-                    HTTPStatus.INTERNAL_SERVER_ERROR,
-                )
-            )
-        if fault == "hang":
-            await _client_gone(http)
-            return Response(status_code=HTTPStatus.NO_CONTENT)  # nobody is listening
+        refused = await _fault_response(http, fault)
+        if refused is not None:
+            return refused
         cut_after = self.faults.cut_after(job.output_tokens) if fault == "crash" else None
         tenant = tenant_of(job.request.vllm_xargs)
         generation = self.runner.submit(tenant, job.tokens, job.max_tokens, job.output_tokens)
@@ -302,23 +393,20 @@ class SimServer:
     async def _events(
         self, job: Job, generation: Generation, cut_after: int | None
     ) -> AsyncIterator[bytes]:
-        request, chunks, sent = job.request, job.chunks, 0
+        stream, sent = job.stream(), 0
+        for event in stream.head():
+            yield event
         while not generation.finished:
             await generation.wait()
             count = generation.generated
-            if sent == 0:
-                usage = job.usage(generation, 0) if request.continuous_usage else None
-                for chunk in chunks.opening(usage):
-                    yield sse(chunk)
             finish = generation.finish_reason if generation.finished else None
-            usage = job.usage(generation, count) if request.continuous_usage else None
-            yield sse(chunks.delta(job.text(sent, count), finish, usage))
+            for event in stream.step(job.text(sent, count), finish, job.usage(generation, count)):
+                yield event
             sent = count
             if cut_after is not None and sent >= cut_after and not generation.finished:
                 raise StreamCut
-        if request.include_usage:
-            yield sse(chunks.usage(job.usage(generation, sent)))
-        yield SSE_DONE
+        for event in stream.tail(generation.finish_reason, job.usage(generation, sent)):
+            yield event
 
     async def _whole(
         self, http: Request, job: Job, generation: Generation, cut_after: int | None
@@ -338,6 +426,69 @@ class SimServer:
             return Response(status_code=HTTPStatus.NO_CONTENT)  # nobody is listening
         body = dumps(job.whole("", "length", job.usage(generation, 0)))
         return BodyStream(_cut(body[: len(body) // 2]), "application/json", lambda: None)
+
+    # ------------------------------------------------------------------ embeddings
+
+    async def embeddings(self, http: Request) -> Response:
+        options = self.options
+        try:
+            request = await _parse(http, EmbeddingRequest)
+            if request.model and request.model != options.model:
+                raise pooling_model_not_found(request.model)
+            request.check_supported()
+            if request.dimensions is not None:
+                raise APIError(
+                    f"Model '{options.model}' does not support Matryoshka embeddings; "
+                    f"dimensions must be unset (received dimensions={request.dimensions})."
+                )
+            tenant, salt = _embedding_tenant(request)
+            prompts = [tokenize(p) if isinstance(p, str) else p for p in request.inputs()]
+            for tokens in prompts:
+                if not tokens:
+                    raise empty_decoder_prompt()
+                check_input_length(options.max_model_len, len(tokens))
+        except APIError as error:
+            return _error_response(error)
+        except RequestError as error:
+            return _error_response(error.api_error())
+        fault = self.faults.draw()
+        refused = await _fault_response(http, fault)
+        if refused is not None:
+            return refused
+        runner = self.runner
+        generations = [runner.submit(tenant, salted(tokens, salt), 1, 0) for tokens in prompts]
+        finished = asyncio.ensure_future(_all_finished(generations))
+        gone = asyncio.ensure_future(_client_gone(http))
+        await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        gone.cancel()
+        if not all(generation.finished for generation in generations):
+            for generation in generations:
+                runner.abort(generation)
+            return Response(status_code=HTTPStatus.NO_CONTENT)  # nobody is listening
+        embeddings = [
+            encode(
+                vector(tokens, options.embedding_dim, options.seed),
+                request.encoding_format,
+                request.embed_dtype,
+                request.endianness,
+            )
+            for tokens in prompts
+        ]
+        response_id = (
+            f"embd-{http.headers.get('x-request-id') or request.request_id or random_id()}"
+        )
+        body = embedding_response(
+            response_id,
+            int(time.time()),
+            options.model,
+            embeddings,
+            sum(len(tokens) for tokens in prompts),
+        )
+        if fault == "crash":
+            text = dumps(body)
+            return BodyStream(_cut(text[: len(text) // 2]), "application/json", lambda: None)
+        return JSONResponse(body)
 
     # ------------------------------------------------------------------ the rest
 
@@ -373,6 +524,50 @@ async def _parse(http: Request, model: type[Parsed]) -> Parsed:
 def _request_id(http: Request, request: GenerationRequest) -> str | None:
     """vLLM's: the X-Request-Id header, else the body's `request_id`, else a random one."""
     return http.headers.get("x-request-id") or request.request_id
+
+
+def _embedding_tenant(request: EmbeddingRequest) -> tuple[str, str | None]:
+    """The tenant, and the cache salt vLLM would see: what fairpool's middleware makes of
+    the request (the tenant moved into the salt; a salt like fairpool's refused)."""
+    client_salt = request.cache_salt
+    if pooling_tenant.tenant_in(client_salt) is not None:
+        raise APIError(
+            f"cache_salt: values starting with {pooling_tenant.PREFIX!r} are fairpool's",
+            param="cache_salt",
+        )
+    xargs = request.vllm_xargs
+    if not xargs or TENANT_XARG not in xargs:
+        return tenant_of(xargs), client_salt
+    tenant = tenant_of(xargs)
+    if not pooling_tenant.fits(tenant):
+        raise APIError(
+            f"vllm_xargs.{TENANT_XARG}: is too long to reach vLLM's scheduler on "
+            "/v1/embeddings (fairpool's tenant names are DNS labels of at most 63 characters)",
+            param=f"vllm_xargs.{TENANT_XARG}",
+        )
+    return tenant, pooling_tenant.salt_for(tenant, client_salt)
+
+
+async def _fault_response(http: Request, fault: str | None) -> Response | None:
+    """The answer an injected error or hang gives instead of serving (None: serve)."""
+    if fault == "error":
+        return _error_response(
+            APIError(
+                "Simulated engine failure (--error-rate).",
+                "InternalServerError",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+            )
+        )
+    if fault == "hang":
+        await _client_gone(http)
+        return Response(status_code=HTTPStatus.NO_CONTENT)  # nobody is listening
+    return None
+
+
+async def _all_finished(generations: Sequence[Generation]) -> None:
+    for generation in generations:
+        while not generation.finished:
+            await generation.wait()
 
 
 async def _tokens_out(generation: Generation, count: int) -> None:

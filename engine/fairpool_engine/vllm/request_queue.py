@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from fairpool.api.scheduler_config import tenant_of
 from fairpool.sched.policy import LocalPolicy
 from fairpool.sched.requests import Request as PolicyRequest
-from fairpool_engine.vllm_compat import Request, RequestQueue, extra_args
+from fairpool_engine.vllm.compat import Request, RequestQueue, extra_args
 
 if TYPE_CHECKING:
-    from fairpool_engine.vllm_scheduler import FairSchedulingMixin
+    from fairpool_engine.vllm.scheduler import FairSchedulingMixin
 
 
 def policy_request(request: Request) -> PolicyRequest:

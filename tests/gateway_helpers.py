@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from sim_http import scrape, wait_until
+from polling import wait_until
+from sim_http import scrape
 
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool_engine.sim_options import SimOptions
@@ -46,7 +47,7 @@ def engines(count: int, **options: Any) -> Iterator[list[ServerThread]]:
 @contextlib.contextmanager
 def gateway(config: GatewayConfig) -> Iterator[GatewayThread]:
     with GatewayThread(config) as running:
-        wait_until(lambda: running.gateway.ready, timeout=10)
+        wait_until(lambda: running.gateway.ready)
         yield running
 
 

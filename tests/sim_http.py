@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -31,14 +29,6 @@ def metric(url: str, name: str, **labels: str) -> float:
         for (sample, sample_labels), value in scrape(url).items()
         if sample == name and wanted <= set(sample_labels)
     )
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def drained(server: ServerThread) -> bool:

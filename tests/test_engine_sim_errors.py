@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from sim_http import drained, sse_events, tenant, wait_until
+from polling import wait_until
+from sim_http import drained, sse_events, tenant
 
 from fairpool.cli import main
 from fairpool_engine.sim_options import SimOptions

@@ -8,7 +8,8 @@ import asyncio
 import httpx
 import openai
 import pytest
-from sim_http import drained, metric, scrape, sse_events, tenant, wait_until
+from polling import wait_until
+from sim_http import drained, metric, scrape, sse_events, tenant
 
 from fairpool_engine.sim_options import SimOptions
 from fairpool_engine.sim_server import ServerThread

@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from polling import eventually
 
 from fairpool.api.gateway_config import KubernetesWorkers as KubernetesSpec
 from fairpool.api.gateway_config import WorkerSource
@@ -26,13 +26,6 @@ from fairpool_gateway.discovery import (
     discovery_for,
     parse_worker_file,
 )
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -25,7 +25,8 @@ from gateway_helpers import (
     gateway_metric,
     tenant_entry,
 )
-from sim_http import scrape, wait_until
+from polling import wait_until
+from sim_http import scrape
 
 # Saturated as soon as a worker holds 2 requests: the rest wait in the gateway's fair queue.
 WHO = ("flood", "light")
@@ -184,7 +185,7 @@ def engine_process(**flags: object) -> Iterator[tuple[subprocess.Popen[bytes], s
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _answers(url), timeout=30)
+        wait_until(lambda: _answers(url))
         yield process, url
     finally:
         process.kill()
@@ -215,7 +216,7 @@ def test_a_worker_killed_mid_stream_ends_the_stream_cleanly_and_leaves_rotation(
             assert '"error"' in events[-2]
             output = len(events) - 2
             assert 0 < output < 400
-            wait_until(lambda: not running.gateway.pools["main"].router.workers, timeout=2.5)
+            wait_until(lambda: not running.gateway.pools["main"].router.workers)
             charged = gateway_metric(running, "fairpool_gateway_service_total", tenant="light")
     # Charged for what was relayed: the estimated prompt and about one token per event.
     assert charged - before <= 2 * (output + 1) + 10
@@ -227,7 +228,7 @@ def test_a_failed_health_check_takes_a_worker_out_and_back_in():
         with gateway(config) as running:
             router = running.gateway.pools["main"].router
             httpx.post(f"{workers[0].url}/admin/health", json={"healthy": False})
-            wait_until(lambda: workers[0].url not in router.workers, timeout=2.0)
+            wait_until(lambda: workers[0].url not in router.workers)
             with client(running, "light") as api:
                 for index in range(4):
                     assert (
@@ -235,7 +236,7 @@ def test_a_failed_health_check_takes_a_worker_out_and_back_in():
                     )
             assert workers[0].url not in router.workers
             httpx.post(f"{workers[0].url}/admin/health", json={"healthy": True})
-            wait_until(lambda: workers[0].url in router.workers, timeout=2.0)
+            wait_until(lambda: workers[0].url in router.workers)
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -255,6 +256,6 @@ def test_a_client_that_leaves_cancels_the_engines_request(stream):
                     await asyncio.gather(task, return_exceptions=True)
 
             asyncio.run(leave_early())
-            wait_until(lambda: engine.in_flight == 0, timeout=5)
+            wait_until(lambda: engine.in_flight == 0)
             worker = running.gateway.pools["main"].router.workers[workers[0].url]
-            wait_until(lambda: worker.outstanding == 0, timeout=5)
+            wait_until(lambda: worker.outstanding == 0)

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from gateway_helpers import KEYS, MODEL, engines, gateway, gateway_config, tenant_entry
+from polling import wait_until
 from rich.console import Console
-from sim_http import metric, wait_until
+from sim_http import metric
 
 from fairpool.cli import main
 from fairpool.sched.errors import ConfigError

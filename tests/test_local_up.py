@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from sim_http import wait_until
+from polling import wait_until
 
 EXAMPLE = Path("examples/local.yaml")
 LIGHT_KEY = "sk-local-light-0002"
@@ -73,7 +73,7 @@ class Up:
 
     def wait_ready(self) -> None:
         """Until `fairpool up` says it is up (it has seen every process answer)."""
-        wait_until(lambda: any("fairpool is up" in line for line in self.output), timeout=60)
+        wait_until(lambda: any("fairpool is up" in line for line in self.output))
 
     def ready(self) -> bool:
         assert self.process.poll() is None, "".join(self.output)
@@ -109,7 +109,7 @@ def test_sigterm_stops_every_process_and_leaves_none_behind(up: Up):
     assert len(children) == 3  # two engines and the gateway
     up.process.send_signal(signal.SIGTERM)
     assert up.process.wait(timeout=30) == 0
-    wait_until(lambda: not any(alive(pid) for pid in children), timeout=15)
+    wait_until(lambda: not any(alive(pid) for pid in children))
 
 
 def test_sigkill_of_up_still_takes_its_children_down(up: Up):
@@ -117,14 +117,14 @@ def test_sigkill_of_up_still_takes_its_children_down(up: Up):
     assert children
     up.process.kill()
     up.process.wait()
-    wait_until(lambda: not any(alive(pid) for pid in children), timeout=15)
+    wait_until(lambda: not any(alive(pid) for pid in children))
 
 
 def test_a_dead_engine_is_reported_and_restarted(up: Up):
     engines = [pid for pid in children_of(up.process.pid) if b"engine-sim" in cmdline(pid)]
     os.kill(engines[0], signal.SIGKILL)
-    wait_until(lambda: len(engine_pids(up)) == 2 and engines[0] not in engine_pids(up), 30)
-    wait_until(up.ready, timeout=30)
+    wait_until(lambda: len(engine_pids(up)) == 2 and engines[0] not in engine_pids(up))
+    wait_until(up.ready)
     assert chat(up.url, LIGHT_KEY).status_code == 200
 
 
@@ -135,7 +135,7 @@ def test_edited_manifests_reach_the_running_gateway(up: Up, tmp_path: Path):
         if document["kind"] == "Secret" and document["metadata"]["name"] == "light-keys":
             document["stringData"] = {"key": "sk-rotated-light"}
     manifests.write_text(yaml.safe_dump_all(documents))
-    wait_until(lambda: chat(up.url, "sk-rotated-light").status_code == 200, timeout=15)
+    wait_until(lambda: chat(up.url, "sk-rotated-light").status_code == 200)
     assert chat(up.url, LIGHT_KEY).status_code == 401
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 import yaml
 
@@ -96,16 +96,12 @@ class Cluster:
         return yaml.safe_load(configmap["data"]["scheduler.yaml"])
 
 
-async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except (KeyError, TypeError, AssertionError):
-            pass
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+def eventually(condition: Callable[[], object]) -> Awaitable[object]:
+    """Until `condition` holds; an object not there yet (KeyError, TypeError on None, a
+    failed assertion in a helper) counts as not yet."""
+    return polling.eventually(
+        condition, ignoring=(KeyError, TypeError, AssertionError), interval=0.05
+    )
 
 
 def operator_settings() -> kopf.OperatorSettings:

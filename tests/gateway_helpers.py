@@ -46,9 +46,17 @@ def engines(count: int, **options: Any) -> Iterator[list[ServerThread]]:
 
 @contextlib.contextmanager
 def gateway(config: GatewayConfig) -> Iterator[GatewayThread]:
+    """The gateway, once every worker its pools list is in rotation (not only one: a test
+    must not depend on which worker's first health check came back first)."""
     with GatewayThread(config) as running:
-        wait_until(lambda: running.gateway.ready)
+        wait_until(lambda: all_in_rotation(running, config), what="every worker in rotation")
         yield running
+
+
+def all_in_rotation(running: GatewayThread, config: GatewayConfig) -> bool:
+    listed = {pool.name: set(pool.workers.urls or ()) for pool in config.pools}
+    pools = running.gateway.pools
+    return all(set(pools[name].router.workers) >= urls for name, urls in listed.items())
 
 
 def client(gateway: GatewayThread, tenant: str, **options: Any) -> httpx.Client:

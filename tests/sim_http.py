@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -42,6 +44,23 @@ def drained(server: ServerThread) -> bool:
         and policy.running_count == 0
         and runner.engine.memory_in_use == 0
     )
+
+
+@contextlib.contextmanager
+def held(*servers: ServerThread) -> Iterator[None]:
+    """Inside the block the servers' engines take no step: a request that arrives waits
+    in its engine's policy, none is admitted, none makes progress. On leaving, each engine
+    goes on from there (at its next idle check, within a quarter of a second). For tests
+    whose outcome must not depend on how fast requests arrive compared with how fast the
+    engine serves them: everything arrives first, then the engine runs."""
+    engines = [server.sim.runner.engine for server in servers]
+    for engine in engines:
+        engine.idle = lambda: True  # the runner waits, as for an engine with nothing to do
+    try:
+        yield
+    finally:
+        for engine in engines:
+            del engine.idle
 
 
 def sse_events(response: httpx.Response) -> list[Any]:

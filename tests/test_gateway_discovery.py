@@ -49,7 +49,9 @@ def test_static_workers_publish_once_and_keep_running() -> None:
     async def scenario() -> list[list[str]]:
         urls = ["http://a:8000/", "http://b:8000", "http://a:8000"]
         async with following(StaticWorkers(urls)) as published:
-            await asyncio.sleep(0.05)
+            await eventually(lambda: published)
+            for _ in range(10):  # the loop runs; the list is not published again
+                await asyncio.sleep(0)
         return published
 
     assert asyncio.run(scenario()) == [["http://a:8000", "http://b:8000"]]
@@ -236,7 +238,8 @@ def test_kubernetes_workers_follow_endpoint_slices() -> None:
                 await eventually(lambda: len(published) == 4)
                 await api.patch("chat-a", {"ports": [{"name": "grpc", "port": 9000}]})
                 await eventually(lambda: len(published) == 5)
-            await eventually(lambda: not follower_threads(), timeout=5)  # stopped promptly
+            # Stopped by the cancel, not by the server ending its watch after 300 s.
+            await eventually(lambda: not follower_threads())
         return published
 
     assert asyncio.run(scenario()) == [

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -61,58 +60,20 @@ def all_in_rotation(running: GatewayThread, config: GatewayConfig) -> bool:
     return all(set(pools[name].router.workers) >= urls for name, urls in listed.items())
 
 
-def set_health(workers: list[ServerThread], healthy: bool) -> None:
-    for worker in workers:
-        httpx.post(f"{worker.url}/admin/health", json={"healthy": healthy}).raise_for_status()
-
-
-@contextlib.contextmanager
-def out_of_rotation(
-    running: GatewayThread,
-    workers: list[ServerThread],
-    until: Callable[[], bool] | None = None,
-    what: str | None = None,
-) -> Iterator[None]:
-    """Inside the block every worker answers /health with 503, so the gateway has taken
-    them all out of rotation: requests that arrive wait in its fair queue, and those
-    already on a worker finish there. The workers are healthy again on leaving, or, with
-    `until`, as soon as `until()` holds (a thread watches it, so the block may run the
-    requests that make it hold); they come back at their next health check, and the
-    queue releases what waits in fair order."""
-    set_health(workers, False)
-    watcher = None
-    try:
-        wait_until(
-            lambda: not any(pool.router.workers for pool in running.gateway.pools.values()),
-            what="every worker out of rotation",
-        )
-        if until is not None:
-
-            def release() -> None:
-                try:
-                    wait_until(until, what=what)
-                finally:
-                    set_health(workers, True)
-
-            watcher = threading.Thread(target=release, daemon=True)
-            watcher.start()
-        yield
-    finally:
-        if watcher is not None:
-            watcher.join()
-        set_health(workers, True)
-
-
 class Settlements(logging.Handler):
     """The gateway's "request done" log records, in the order the gateway settled the
-    requests (its own account of what it served, written as it happens)."""
+    requests (its own account of what it served, written as it happens). Each record
+    also gets `in_flight`: the requests the pool's fair queue had admitted and not yet
+    finished at that moment (read in the gateway's thread, as it logs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, running: GatewayThread) -> None:
         super().__init__(logging.INFO)
+        self.queue = running.gateway.pools["main"].queue
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage() == "request done":
+            record.in_flight = self.queue.in_flight()
             self.records.append(record)
 
     def of(self, tenant: str) -> list[logging.LogRecord]:
@@ -120,10 +81,10 @@ class Settlements(logging.Handler):
 
 
 @contextlib.contextmanager
-def settlements() -> Iterator[Settlements]:
-    """Collect the gateway's settlements for the block."""
+def settlements(running: GatewayThread) -> Iterator[Settlements]:
+    """Collect the gateway's settlements (of its pool "main") for the block."""
     logger = logging.getLogger("fairpool.gateway")
-    handler, level = Settlements(), logger.level
+    handler, level = Settlements(running), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:

@@ -33,8 +33,16 @@ def gateway_config(
     workers: list[str], tenants: list[dict[str, Any]], **pool_fields: Any
 ) -> GatewayConfig:
     pool = {"name": "main", "model": MODEL, "workers": {"urls": workers}, **pool_fields}
+    # Health polls every 0.2 s, each given 30 s: a loaded machine may take over the default
+    # second to answer one, and no test here is about slow answers (a dead worker refuses
+    # connections, a failing one answers 503: both fail at once).
     return GatewayConfig.model_validate(
-        {"pools": [pool], "tenants": tenants, "healthInterval": 0.2}
+        {
+            "pools": [pool],
+            "tenants": tenants,
+            "healthInterval": 0.2,
+            "timeouts": {"health": 30.0},
+        }
     )
 
 

@@ -21,7 +21,7 @@ def server():
 
 @pytest.fixture()
 def client(server):
-    with httpx.Client(base_url=server.url, timeout=10) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         yield http
 
 

@@ -126,7 +126,9 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
 
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, on_change=record)
+            # A generous check timeout: this test is not about slow answers, and a loaded
+            # machine may take over a second to answer one.
+            monitor = WorkerMonitor(client, timeout=DEADLINE, on_change=record)
             monitor.set_workers([url + "/"])
             assert monitor.healthy() == [] and list(monitor.workers) == [url]
             await monitor.poll_once()
@@ -332,7 +334,10 @@ def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() 
     async def scenario(fake: FakeWorker) -> None:
         url = fake.url
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, on_change=lambda worker: changes.append(worker.healthy))
+            # The check the test holds must not time out while it is held.
+            monitor = WorkerMonitor(
+                client, timeout=DEADLINE, on_change=lambda worker: changes.append(worker.healthy)
+            )
             monitor.set_workers([url])
             await monitor.poll_once()
             assert monitor.healthy() == [url]
@@ -362,7 +367,7 @@ def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() 
 def test_a_metrics_failure_keeps_the_worker_in_rotation_with_its_last_load(caplog) -> None:
     async def scenario(fake: FakeWorker) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client)
+            monitor = WorkerMonitor(client, timeout=DEADLINE)
             monitor.set_workers([fake.url])
             await monitor.poll_once()
             worker = monitor.workers[fake.url]
@@ -391,7 +396,7 @@ def test_new_workers_are_checked_at_once_and_removed_ones_forgotten(caplog) -> N
         async with httpx.AsyncClient() as client:
             # One round of checks when run() starts, the next in an hour: a worker added
             # later is in rotation within the test only if it was checked at once.
-            monitor = WorkerMonitor(client, interval=3600, on_change=fragile)
+            monitor = WorkerMonitor(client, interval=3600, timeout=DEADLINE, on_change=fragile)
             monitor.set_workers([first, dead])
             async with running(monitor):
                 await eventually(in_rotation(monitor, first))

@@ -84,9 +84,6 @@ class Settlements(logging.Handler):
             record.in_flight = self.queue.in_flight()
             self.records.append(record)
 
-    def of(self, tenant: str) -> list[logging.LogRecord]:
-        return [record for record in list(self.records) if record.tenant == tenant]
-
 
 @contextlib.contextmanager
 def settlements(running: GatewayThread) -> Iterator[Settlements]:

@@ -109,15 +109,15 @@ async def eventually(
     wait = _Wait(read, what, timeout, ignoring)
     while True:
         try:
-            value = read()
+            value: Any = read()
             if inspect.isawaitable(value):
                 value = await value
         except ignoring as error:
             wait.saw(error)
         else:
             wait.saw(value)
-            if until(value):  # type: ignore[arg-type]
-                return value  # type: ignore[return-value]
+            if until(value):
+                return value
         if wait.expired():
             raise wait.failure()
         await asyncio.sleep(interval)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from sim_http import scrape, wait_until
+from polling import wait_until
+from sim_http import scrape
 
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool_engine.sim.options import SimOptions
@@ -31,8 +33,16 @@ def gateway_config(
     workers: list[str], tenants: list[dict[str, Any]], **pool_fields: Any
 ) -> GatewayConfig:
     pool = {"name": "main", "model": MODEL, "workers": {"urls": workers}, **pool_fields}
+    # Health polls every 0.2 s, each given 30 s: a loaded machine may take over the default
+    # second to answer one, and no test here is about slow answers (a dead worker refuses
+    # connections, a failing one answers 503: both fail at once).
     return GatewayConfig.model_validate(
-        {"pools": [pool], "tenants": tenants, "healthInterval": 0.2}
+        {
+            "pools": [pool],
+            "tenants": tenants,
+            "healthInterval": 0.2,
+            "timeouts": {"health": 30.0},
+        }
     )
 
 
@@ -45,9 +55,54 @@ def engines(count: int, **options: Any) -> Iterator[list[ServerThread]]:
 
 @contextlib.contextmanager
 def gateway(config: GatewayConfig) -> Iterator[GatewayThread]:
+    """The gateway, once every worker its pools list is in rotation (not only one: a test
+    must not depend on which worker's first health check came back first)."""
     with GatewayThread(config) as running:
-        wait_until(lambda: running.gateway.ready, timeout=10)
+        wait_until(lambda: all_in_rotation(running, config), what="every worker in rotation")
         yield running
+
+
+def all_in_rotation(running: GatewayThread, config: GatewayConfig) -> bool:
+    listed = {pool.name: set(pool.workers.urls or ()) for pool in config.pools}
+    pools = running.gateway.pools
+    return all(set(pools[name].router.workers) >= urls for name, urls in listed.items())
+
+
+class Settlements(logging.Handler):
+    """The gateway's "request done" log records, in the order the gateway settled the
+    requests (its own account of what it served, written as it happens). Each record
+    also gets `in_flight`: the requests the pool's fair queue had admitted and not yet
+    finished at that moment (read in the gateway's thread, as it logs)."""
+
+    def __init__(self, running: GatewayThread) -> None:
+        super().__init__(logging.INFO)
+        self.queue = running.gateway.pools["main"].queue
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "request done":
+            record.in_flight = self.queue.in_flight()
+            self.records.append(record)
+
+
+@contextlib.contextmanager
+def settlements(running: GatewayThread) -> Iterator[Settlements]:
+    """Collect the gateway's settlements (of its pool "main") for the block."""
+    logger = logging.getLogger("fairpool.gateway")
+    handler, level = Settlements(running), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def service(record: logging.LogRecord) -> float:
+    """What the gateway charged for a settled request (the default cost: 1 per uncached
+    prompt token, 2 per output token)."""
+    return float(record.prompt_tokens - record.cached_tokens + 2 * record.completion_tokens)
 
 
 def client(gateway: GatewayThread, tenant: str, **options: Any) -> httpx.Client:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -33,14 +33,6 @@ def metric(url: str, name: str, **labels: str) -> float:
     )
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-
-
 def drained(server: ServerThread) -> bool:
     """Nothing left anywhere: no request in flight, engine idle, policy empty."""
     runner = server.sim.runner
@@ -52,6 +44,23 @@ def drained(server: ServerThread) -> bool:
         and policy.running_count == 0
         and runner.engine.memory_in_use == 0
     )
+
+
+@contextlib.contextmanager
+def held(*servers: ServerThread) -> Iterator[None]:
+    """Inside the block the servers' engines take no step: a request that arrives waits
+    in its engine's policy, none is admitted, none makes progress. On leaving, each engine
+    goes on from there (at its next idle check, within a quarter of a second). For tests
+    whose outcome must not depend on how fast requests arrive compared with how fast the
+    engine serves them: everything arrives first, then the engine runs."""
+    engines = [server.sim.runner.engine for server in servers]
+    for engine in engines:
+        engine.idle = lambda: True  # the runner waits, as for an engine with nothing to do
+    try:
+        yield
+    finally:
+        for engine in engines:
+            del engine.idle
 
 
 def sse_events(response: httpx.Response) -> list[Any]:

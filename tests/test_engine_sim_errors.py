@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from sim_http import drained, sse_events, tenant, wait_until
+from polling import wait_until
+from sim_http import drained, sse_events, tenant
 
 from fairpool_cli.main import main
 from fairpool_engine.sim.options import SimOptions
@@ -20,7 +21,7 @@ def server():
 
 @pytest.fixture()
 def client(server):
-    with httpx.Client(base_url=server.url, timeout=10) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         yield http
 
 

@@ -12,7 +12,8 @@ import struct
 import httpx
 import openai
 import pytest
-from sim_http import drained, metric, tenant, wait_until
+from polling import wait_until
+from sim_http import drained, metric, tenant
 
 from fairpool_engine import pooling_tenant
 from fairpool_engine.sim.options import SimOptions

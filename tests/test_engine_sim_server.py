@@ -8,7 +8,8 @@ import asyncio
 import httpx
 import openai
 import pytest
-from sim_http import drained, metric, scrape, sse_events, tenant, wait_until
+from polling import eventually, wait_until
+from sim_http import drained, held, metric, scrape, sse_events, tenant
 
 from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
@@ -27,7 +28,7 @@ def server():
 
 @pytest.fixture()
 def client(server):
-    with httpx.Client(base_url=server.url, timeout=10) as http:
+    with httpx.Client(base_url=server.url, timeout=60) as http:
         yield http
 
 
@@ -224,7 +225,8 @@ def test_the_official_openai_client_works(server):
 
 
 def test_a_closed_stream_aborts_its_request_and_leaves_nothing_behind():
-    with ServerThread(SimOptions(speedup=10.0)) as server:
+    # Real time: the 5000 tokens take minutes, the request is still running when asked.
+    with ServerThread(SimOptions(speedup=1.0)) as server:
         request = {"prompt": "a long story", "max_tokens": 5000, "stream": True}
         with httpx.stream("POST", f"{server.url}/v1/completions", json=request) as response:
             lines = response.iter_lines()
@@ -240,13 +242,15 @@ def test_a_waiting_request_whose_client_leaves_leaves_the_queue():
     with ServerThread(options) as server:
         request = {"prompt": "hold on", "max_tokens": 200, "stream": True}
         url = f"{server.url}/v1/completions"
+        policy = server.sim.runner.engine.policy
         with httpx.stream("POST", url, json=request) as running:
             assert running.status_code == 200
-            with httpx.stream("POST", url, json={**request, **tenant("b")}) as waiting:
-                assert waiting.status_code == 200
-                policy = server.sim.runner.engine.policy
-                wait_until(lambda: policy.tenant_waiting("b") == 1)
-            wait_until(lambda: policy.waiting_count == 0 and server.sim.runner.in_flight == 1)
+            wait_until(lambda: policy.running_count == 1)
+            with held(server):  # the running request cannot finish while b comes and goes
+                with httpx.stream("POST", url, json={**request, **tenant("b")}) as waiting:
+                    assert waiting.status_code == 200
+                    wait_until(lambda: policy.tenant_waiting("b") == 1)
+                wait_until(lambda: policy.waiting_count == 0 and server.sim.runner.in_flight == 1)
         wait_until(lambda: drained(server))
 
 
@@ -264,49 +268,64 @@ def test_a_client_that_gives_up_on_a_whole_response_aborts_it():
 # ---------------------------------------------------------------------- tenants
 
 
-async def _flood(url: str) -> dict[str, float]:
-    """Tenant a queues 50 requests, then b 20; returns each tenant's share of the service
-    given while both were backlogged (requests waiting), over the next 30 completions at
-    most. Read from /metrics, as an operator sees it."""
+class Finishes:
+    """The engine's listener (its runner), passed through; at each request that finishes,
+    in the engine's own order, the service its policy has given each tenant so far and
+    how many requests each still has waiting."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.events: list[tuple[dict[str, float], dict[str, int]]] = []
+
+    def admitted(self, engine, request) -> None:
+        self.runner.admitted(engine, request)
+
+    def preempted(self, engine, request) -> None:
+        self.runner.preempted(engine, request)
+
+    def evicted(self, engine, tokens, keep) -> None:
+        self.runner.evicted(engine, tokens, keep)
+
+    def finished(self, engine, completion) -> None:
+        self.runner.finished(engine, completion)
+        policy = engine.policy
+        served = {who: policy.served.get(who, 0.0) for who in "ab"}
+        self.events.append((served, {who: policy.tenant_waiting(who) for who in "ab"}))
+
+
+def _flood(server: ServerThread) -> dict[str, float]:
+    """Tenant a queues 50 requests, then b 20, with the engine held: all 70 wait before
+    the first is admitted, so what follows is the policy's doing alone. Returns each
+    tenant's share of the service given while both were backlogged (requests waiting),
+    over the first 30 completions at most, in the engine's order of events."""
+    runner = server.sim.runner
+    policy = runner.engine.policy
+    finishes = Finishes(runner)
 
     async def send(http: httpx.AsyncClient, who: str, index: int) -> None:
         body = {"prompt": f"{who} {index} " + "word " * 48, "max_tokens": 64, **tenant(who)}
         response = await http.post("/v1/completions", json=body)
         assert response.status_code == 200
 
-    def service() -> dict[str, float]:
-        return {
-            who: metric(url, "fairpool_engine_tenant_service_total", tenant=who) for who in "ab"
-        }
+    async def flood() -> None:
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as http:
+            with held(server):
+                tasks = [asyncio.create_task(send(http, "a", i)) for i in range(50)]
+                await eventually(lambda: policy.tenant_waiting("a") == 50)
+                tasks += [asyncio.create_task(send(http, "b", i)) for i in range(20)]
+                await eventually(lambda: policy.tenant_waiting("b") == 20)
+            await asyncio.gather(*tasks)
 
-    def waiting(who: str) -> float:
-        return metric(url, "fairpool_engine_tenant_requests_waiting", tenant=who)
-
-    def queued(who: str) -> float:
-        return waiting(who) + metric(url, "fairpool_engine_tenant_requests_running", tenant=who)
-
-    def finished() -> float:
-        return metric(url, "vllm:request_success_total")
-
-    async def until(condition) -> None:
-        for _ in range(1000):
-            if await asyncio.to_thread(condition):
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError("the flood did not go as planned")
-
-    limits = httpx.Limits(max_connections=100)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
-        tasks = [asyncio.create_task(send(http, "a", i)) for i in range(50)]
-        await until(lambda: queued("a") + finished() >= 50)
-        flood = [asyncio.create_task(send(http, "b", i)) for i in range(20)]
-        await until(lambda: queued("b") + sum(task.done() for task in flood) >= 20)
-        before, done = service(), finished()
-        await until(lambda: finished() >= done + 30 or not waiting("a") or not waiting("b"))
-        after = service()
-        await asyncio.gather(*tasks, *flood)
-    given = {who: after[who] - before[who] for who in "ab"}
-    return {who: given[who] / sum(given.values()) for who in "ab"}
+    runner.engine.listener = finishes
+    try:
+        asyncio.run(flood())
+    finally:
+        runner.engine.listener = runner
+    contended = [served for served, waiting in finishes.events[:30] if all(waiting.values())]
+    assert len(contended) >= 10, finishes.events  # both queues were long: 50 and 20
+    last = contended[-1]  # the service so far, at the last completion with both waiting
+    return {who: last[who] / sum(last.values()) for who in "ab"}
 
 
 @pytest.mark.parametrize(
@@ -327,7 +346,8 @@ def test_a_flooding_tenant_gets_its_weighted_share_under_fair_policies(
         scheduler_config=str(config),
     )
     with ServerThread(options) as server:
-        shares = asyncio.run(_flood(server.url))
+        shares = _flood(server)
+        print(f"{policy.split()[0]}: a's share {shares['a']:.3f} while both were backlogged")
         wait_until(lambda: drained(server))
     # VTC and DLPM keep the weighted service within about one request's (178) of the
     # ideal at each end of a window of ~5,000: a few hundredths of a share.

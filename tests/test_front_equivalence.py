@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 import yaml
-from sim_http import wait_until
+from polling import wait_until
 
 from fairpool.api.gateway_config import gateway_config_from_manifests
 from fairpool.api.manifests import load_manifests
@@ -252,9 +252,9 @@ def test_one_at_a_time_over_two_workers_routes_and_limits_alike(tmp_path):
         decisions = Decisions()
         running.gateway.pools["main"].front.listeners.append(decisions)
         for index, request in enumerate(requests):
-            wait_until(lambda: engines_idle(running, 2), timeout=30)
+            wait_until(lambda: engines_idle(running, 2))
             serve(running, index, request)
-        wait_until(lambda: len(decisions.events) >= len(simulated.events), timeout=30)
+        wait_until(lambda: len(decisions.events) >= len(simulated.events))
     real = worker_names(decisions.events, servers)
 
     assert real == simulated.events
@@ -281,10 +281,10 @@ def test_a_pool_that_starts_late_releases_its_queue_alike(tmp_path):
             answers = []
             for index, request in enumerate(requests):
                 answers.append(pool.submit(serve, running, index, request))
-                wait_until(lambda rid=f"q{index}": decisions.seen(rid), timeout=30)
+                wait_until(lambda rid=f"q{index}": decisions.seen(rid))
             with server:  # the worker comes up
                 statuses = [answer.result(timeout=120) for answer in answers]
-                wait_until(lambda: len(decisions.events) >= len(simulated.events), timeout=30)
+                wait_until(lambda: len(decisions.events) >= len(simulated.events))
     real = worker_names(decisions.events, servers)
 
     assert real == simulated.events

@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from polling import eventually
 
 from fairpool.api.gateway_config import KubernetesWorkersSpec, WorkerSource
 from fairpool_gateway.discovery import (
@@ -25,13 +25,6 @@ from fairpool_gateway.discovery import (
     discovery_for,
     parse_worker_file,
 )
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -55,7 +48,9 @@ def test_static_workers_publish_once_and_keep_running() -> None:
     async def scenario() -> list[list[str]]:
         urls = ["http://a:8000/", "http://b:8000", "http://a:8000"]
         async with following(StaticWorkers(urls)) as published:
-            await asyncio.sleep(0.05)
+            await eventually(lambda: published)
+            for _ in range(10):  # the loop runs; the list is not published again
+                await asyncio.sleep(0)
         return published
 
     assert asyncio.run(scenario()) == [["http://a:8000", "http://b:8000"]]
@@ -242,7 +237,8 @@ def test_kubernetes_workers_follow_endpoint_slices() -> None:
                 await eventually(lambda: len(published) == 4)
                 await api.patch("chat-a", {"ports": [{"name": "grpc", "port": 9000}]})
                 await eventually(lambda: len(published) == 5)
-            await eventually(lambda: not follower_threads(), timeout=5)  # stopped promptly
+            # Stopped by the cancel, not by the server ending its watch after 300 s.
+            await eventually(lambda: not follower_threads())
         return published
 
     assert asyncio.run(scenario()) == [

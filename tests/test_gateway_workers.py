@@ -11,12 +11,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from polling import DEADLINE, eventually, wait_until
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from fairpool_engine.sim.options import SimOptions
@@ -26,6 +26,14 @@ from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor, parse_lo
 LEAVE_DEADLINE = 2.0  # seconds: "a failing worker leaves rotation within 2 s"
 
 
+def test_the_leave_deadline_is_one_check_interval_and_one_check_timeout() -> None:
+    """A worker leaves rotation at the first health check that fails (the tests below
+    count that), and checks start every `interval` and fail after `timeout`: so within
+    interval + timeout of failing. The deadline is this sum, not a measured time."""
+    monitor = WorkerMonitor(httpx.AsyncClient())
+    assert monitor.interval + monitor.timeout <= LEAVE_DEADLINE
+
+
 def closed_port_url() -> str:
     """A loopback URL where nothing listens."""
     with socket.socket() as probe:
@@ -33,14 +41,18 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
-async def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> float:
-    """Seconds until `condition` held; fails after `timeout`."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
+class Transitions:
+    """The monitor's `on_change` calls: (healthy, consecutive failed checks) each time."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, int]] = []
+
+    def __call__(self, worker: WorkerHealth) -> None:
+        self.seen.append((worker.healthy, worker.consecutive_failures))
+
+    def left_at_first_failure(self) -> bool:
+        """Out of rotation at its first failed check since it was last in."""
+        return self.seen[-1] == (False, 1)
 
 
 @contextlib.asynccontextmanager
@@ -117,7 +129,9 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
 
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, on_change=record)
+            # A generous check timeout: this test is not about slow answers, and a loaded
+            # machine may take over a second to answer one.
+            monitor = WorkerMonitor(client, timeout=DEADLINE, on_change=record)
             monitor.set_workers([url + "/"])
             assert monitor.healthy() == [] and list(monitor.workers) == [url]
             await monitor.poll_once()
@@ -136,9 +150,7 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
                 queues = (loads[-1].waiting, loads[-1].running)
                 return min(queues) > 0 and sum(queues) == 6 and loads[-1].kv_usage > 0
 
-            deadline = time.monotonic() + 10
-            while not await busy():
-                assert time.monotonic() < deadline, "the load never showed"
+            await eventually(busy, what="the six requests in the monitored load")
             assert changes[-1] == (True, loads[-1].waiting, loads[-1].running)
 
             for request in requests:  # the clients leave: the engine aborts their requests
@@ -149,45 +161,48 @@ def test_a_live_engine_is_healthy_with_its_load_from_metrics() -> None:
                 await monitor.poll_once()
                 return (loads[-1].waiting, loads[-1].running) == (0, 0)
 
-            deadline = time.monotonic() + 10
-            while not await idle():
-                assert time.monotonic() < deadline, "the load never went away"
+            await eventually(idle, what="the load gone after the clients left")
             assert worker.healthy and changes[-1] == (True, 0, 0)
 
     with ServerThread(options) as server:
         asyncio.run(scenario(server.url))
 
 
-def test_a_stopped_engine_leaves_rotation_within_two_seconds() -> None:
-    async def scenario(server: ServerThread) -> float:
+def test_a_stopped_engine_leaves_rotation_at_its_first_failed_check() -> None:
+    changes = Transitions()
+
+    async def scenario(server: ServerThread) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client)
+            monitor = WorkerMonitor(client, on_change=changes)
             monitor.set_workers([server.url])
             async with running(monitor):
                 await eventually(in_rotation(monitor, server.url))
                 stopping = asyncio.create_task(asyncio.to_thread(server.__exit__, None, None, None))
-                left = await eventually(out_of_rotation(monitor, server.url))
+                await eventually(out_of_rotation(monitor, server.url))
                 await stopping
                 worker = monitor.workers[server.url]
-                assert worker.consecutive_failures >= 1 and "/health" in (worker.last_error or "")
-                return left
+                assert changes.left_at_first_failure(), changes.seen
+                assert "/health" in (worker.last_error or "")
 
     server = ServerThread(SimOptions(speedup=100, access_log=False)).__enter__()
     try:
-        assert asyncio.run(scenario(server)) < LEAVE_DEADLINE
+        asyncio.run(scenario(server))
     finally:
         server.__exit__(None, None, None)  # a second exit is harmless
 
 
 def test_an_engine_answering_503_leaves_rotation_and_returns_when_healthy_again() -> None:
+    changes = Transitions()
+
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client)
+            monitor = WorkerMonitor(client, on_change=changes)
             monitor.set_workers([url])
             async with running(monitor):
                 await eventually(in_rotation(monitor, url))
                 await client.post(f"{url}/admin/health", json={"healthy": False})
-                assert await eventually(out_of_rotation(monitor, url)) < LEAVE_DEADLINE
+                await eventually(out_of_rotation(monitor, url))
+                assert changes.left_at_first_failure(), changes.seen
                 assert monitor.workers[url].last_error == "/health answered 503"
                 await client.post(f"{url}/admin/health", json={"healthy": True})
                 await eventually(in_rotation(monitor, url))
@@ -212,13 +227,10 @@ class EngineProcess:
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 30
-        while not self._answers():
-            assert self.process.poll() is None, "engine-sim exited"
-            assert time.monotonic() < deadline, "engine-sim did not start"
-            time.sleep(0.02)
+        wait_until(self._answers, what="engine-sim answering /health")
 
     def _answers(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, "engine-sim exited"
         try:
             return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
@@ -245,24 +257,29 @@ def engine_process() -> Iterator[EngineProcess]:
         engine.kill()
 
 
-def test_a_hung_engine_leaves_rotation_within_two_seconds_and_returns(engine_process) -> None:
+def test_a_hung_engine_leaves_rotation_at_its_first_failed_check_and_returns(
+    engine_process,
+) -> None:
     engine = engine_process
     url = engine.url
+    changes = Transitions()
 
     async def scenario() -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client)
+            monitor = WorkerMonitor(client, on_change=changes)
             monitor.set_workers([url])
             async with running(monitor):
                 await eventually(in_rotation(monitor, url))
                 engine.signal(signal.SIGSTOP)  # accepts connections, answers nothing
-                assert await eventually(out_of_rotation(monitor, url)) < LEAVE_DEADLINE
+                await eventually(out_of_rotation(monitor, url))
+                assert changes.left_at_first_failure(), changes.seen
                 assert "no answer within 1 s" in (monitor.workers[url].last_error or "")
                 engine.signal(signal.SIGCONT)
                 await eventually(in_rotation(monitor, url))
 
                 engine.kill()  # dead: refuses connections
-                assert await eventually(out_of_rotation(monitor, url)) < LEAVE_DEADLINE
+                await eventually(out_of_rotation(monitor, url))
+                assert changes.left_at_first_failure(), changes.seen
                 await asyncio.to_thread(engine.start)  # a new process on the same port
                 await eventually(in_rotation(monitor, url))
 
@@ -298,7 +315,7 @@ class FakeWorker:
 
     def health(self) -> tuple[int, bytes]:
         self.health_asked.set()
-        self.health_answers.wait(10)
+        self.health_answers.wait(DEADLINE)
         return 200, b""
 
     def metrics(self) -> tuple[int, bytes]:
@@ -324,7 +341,8 @@ def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() 
     async def scenario(fake: FakeWorker) -> None:
         url = fake.url
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, on_change=transition)
+            # The check the test holds must not time out while it is held.
+            monitor = WorkerMonitor(client, timeout=DEADLINE, on_change=transition)
             monitor.set_workers([url])
             await monitor.poll_once()
             assert monitor.healthy() == [url]
@@ -332,7 +350,7 @@ def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() 
             fake.health_answers.clear()  # the next /health waits for the test
             fake.health_asked.clear()
             check = asyncio.create_task(monitor.poll_once())
-            assert await asyncio.to_thread(fake.health_asked.wait, 5)
+            assert await asyncio.to_thread(fake.health_asked.wait, DEADLINE)
             monitor.report_failure(url, "connect error")
             assert monitor.healthy() == [] and changes == [True, False]
             fake.health_answers.set()
@@ -356,7 +374,9 @@ def test_a_metrics_failure_keeps_the_worker_in_rotation_with_its_last_load(caplo
 
     async def scenario(fake: FakeWorker) -> None:
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, on_change=lambda worker, load: loads.append(load))
+            monitor = WorkerMonitor(
+                client, timeout=DEADLINE, on_change=lambda worker, load: loads.append(load)
+            )
             monitor.set_workers([fake.url])
             await monitor.poll_once()
             worker = monitor.workers[fake.url]
@@ -384,12 +404,14 @@ def test_new_workers_are_checked_at_once_and_removed_ones_forgotten(caplog) -> N
     async def scenario(first: str, second: str) -> None:
         dead = closed_port_url()
         async with httpx.AsyncClient() as client:
-            monitor = WorkerMonitor(client, interval=30, on_change=fragile)  # rounds: rare
+            # One round of checks when run() starts, the next in an hour: a worker added
+            # later is in rotation within the test only if it was checked at once.
+            monitor = WorkerMonitor(client, interval=3600, timeout=DEADLINE, on_change=fragile)
             monitor.set_workers([first, dead])
             async with running(monitor):
-                await eventually(in_rotation(monitor, first), timeout=5)
+                await eventually(in_rotation(monitor, first))
                 monitor.set_workers([first, second, dead])
-                await eventually(in_rotation(monitor, second), timeout=5)
+                await eventually(in_rotation(monitor, second))
                 await eventually(lambda: monitor.workers[dead].consecutive_failures == 1)
                 assert not monitor.workers[dead].healthy
                 assert "ConnectError" in (monitor.workers[dead].last_error or "")

@@ -17,9 +17,18 @@ import threading
 from typing import Any
 
 import pytest
-from gateway_helpers import KEYS, MODEL, engines, gateway, gateway_config, tenant_entry
+from gateway_helpers import (
+    KEYS,
+    MODEL,
+    engines,
+    gateway,
+    gateway_config,
+    gateway_metric,
+    tenant_entry,
+)
+from polling import wait_until
 from rich.console import Console
-from sim_http import metric, wait_until
+from sim_http import metric
 
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.trace import TraceRequest, write_trace
@@ -266,10 +275,12 @@ def test_requests_bound_ends_the_run_and_shared_prefixes_are_cached():
 
 @pytest.mark.parametrize(("shape", "api"), [("documents", "chat"), ("multi-turn", "completions")])
 def test_documents_and_multi_turn_are_served_from_cache(shape, api):
+    """One client: each request is sent after the one before it was answered, so which
+    prefixes are in the cache when it arrives does not depend on the machine's speed."""
     with engines(1, speedup=100.0) as (engine,):
         result = run(
             engine.url,
-            TenantSpec("a", concurrency=2),
+            TenantSpec("a", concurrency=1),
             tag_tenants=True,
             requests=16,
             api=api,
@@ -299,7 +310,12 @@ def arrivals_within(seed: int, tenant: str, rate: float, seconds: float) -> int:
     return count
 
 
-def test_open_loop_sends_at_its_rate_and_duration_bounds_the_run():
+def test_open_loop_follows_its_arrival_stream_and_duration_bounds_the_run():
+    """How many arrivals a loaded machine manages to send in 2 s is its speed, not the
+    generator's: what holds on any machine is that the generator never sends a request
+    before its time in the seeded stream, and that the duration ends the run."""
+    expected = arrivals_within(0, "a", 25, 2.0)
+    assert abs(expected - 50) <= 4 * math.sqrt(50)  # the seeded stream is Poisson-like
     with engines(1, speedup=100.0) as (engine,):
         result = run(
             engine.url,
@@ -307,11 +323,31 @@ def test_open_loop_sends_at_its_rate_and_duration_bounds_the_run():
             duration=2.0,
             shape=PromptShape("random", prompt_tokens=20, output_tokens=4),
         )
-    expected = arrivals_within(0, "a", 25, 2.0)
-    assert abs(expected - 50) <= 4 * math.sqrt(50)  # the seeded stream is Poisson-like
-    assert expected - 2 <= result.tenants["a"].sent <= expected + 1  # and it was followed
+    sent = result.tenants["a"].sent
     assert result.stopped_by == "duration"
     assert result.series and result.series[-1].t >= 2.0
+    assert 0 < sent <= arrivals_within(0, "a", 25, result.elapsed)  # never ahead of time
+    stats = result.tenants["a"]
+    assert stats.done + stats.cancelled + sum(stats.errors.values()) == sent
+
+
+def test_an_open_loop_with_a_requests_bound_sends_exactly_its_stream():
+    """The first 20 arrivals of the stream are sent, and the run cannot end before the
+    20th arrival's time (arrivals are never early, however fast the machine)."""
+    gaps = random.Random("0:a:arrivals")
+    twentieth = sum(gaps.expovariate(25) for _ in range(20))
+    with engines(1, speedup=100.0) as (engine,):
+        result = run(
+            engine.url,
+            TenantSpec("a", rate=25),
+            requests=20,
+            duration=None,
+            shape=PromptShape("random", prompt_tokens=20, output_tokens=4),
+        )
+    stats = result.tenants["a"]
+    assert result.stopped_by == "requests"
+    assert stats.sent == stats.done == 20
+    assert result.elapsed >= twentieth
 
 
 def test_duration_cancels_requests_in_flight():
@@ -325,52 +361,72 @@ def test_duration_cancels_requests_in_flight():
         )
         stats = result.tenants["a"]
         assert result.stopped_by == "duration"
+        # 2000 tokens take the engine 2000 steps of model time at wall-clock pace: none of
+        # the three first requests can be answered before the duration ends.
         assert stats.sent == stats.cancelled == 3 and stats.done == 0
-        assert result.elapsed < 10  # not the 2000 tokens' time
         wait_until(lambda: engine.sim.runner.in_flight == 0)  # the engine heard them
 
 
 def test_a_stop_event_ends_the_run_with_what_was_measured():
     async def stopped_early() -> LoadResult:
         stop = asyncio.Event()
-        asyncio.get_running_loop().call_later(0.5, stop.set)
+
+        def progress(result: LoadResult) -> None:
+            if result.tenants["a"].done >= 3:  # stopped once something was measured
+                stop.set()
+
         spec = LoadSpec(
             engine.url,
             (TenantSpec("a", concurrency=2),),
             duration=60,
             shape=PromptShape("random", prompt_tokens=20, output_tokens=4),
+            sample_interval=0.05,
         )
-        return await run_load(spec, stop=stop)
+        return await run_load(spec, progress, stop)
 
     with engines(1, speedup=100.0) as (engine,):
         result = asyncio.run(stopped_early())
-    assert result.stopped_by == "stopped" and result.tenants["a"].done > 0
+    assert result.stopped_by == "stopped" and result.tenants["a"].done >= 3
 
 
 def test_a_trace_replays_with_its_tenants_times_and_lengths(tmp_path):
-    trace = [
-        TraceRequest(0.05 * index, tenant, (("sys-" + tenant, 64), (None, 8)), 6, 6)
-        for index in range(10)
-        for tenant in ("a", "b")
-    ]
-    path = tmp_path / "trace.jsonl"
-    write_trace(trace, path)
-    out = tmp_path / "trace.json"
-    with engines(1, speedup=100.0) as (engine,):
+    """A trace's named segments are the same text in every request, so the engine's cache
+    serves them. A one-request trace per tenant puts them in the cache first: whether a
+    request of the real replay overlaps the one before it (its time in the trace against
+    the machine's speed) then makes no difference, every request finds its 64 tokens."""
+
+    def replay(trace: list[TraceRequest], name: str) -> dict[str, Any]:
+        path, out = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json"
+        write_trace(trace, path)
         code = main(["load", "--url", engine.url, "--trace", str(path), "--tag-tenants",
                      "--api", "completions", "--json", str(out)])  # fmt: skip
-        served = {t: metric(engine.url, "fairpool_engine_tenant_service_total", tenant=t)
-                  for t in "ab"}  # fmt: skip
-    assert code == 0
-    report = json.loads(out.read_text())
+        assert code == 0
+        return json.loads(out.read_text())
+
+    def served() -> dict[str, float]:
+        return {
+            tenant: metric(engine.url, "fairpool_engine_tenant_service_total", tenant=tenant)
+            for tenant in "ab"
+        }
+
+    def request(t: float, tenant: str) -> TraceRequest:
+        return TraceRequest(t, tenant, (("sys-" + tenant, 64), (None, 8)), 6, 6)
+
+    with engines(1, speedup=100.0) as (engine,):
+        warm = replay([request(0.0, tenant) for tenant in "ab"], "warm")
+        assert all(warm["tenants"][tenant]["done"] == 1 for tenant in "ab")
+        before = served()
+        trace = [request(0.05 * index, tenant) for index in range(10) for tenant in "ab"]
+        report = replay(trace, "trace")
+        after = served()
     assert report["stopped_by"] == "trace"
     for tenant in ("a", "b"):
         numbers = report["tenants"][tenant]
         assert numbers["sent"] == numbers["done"] == 10
         assert numbers["completion_tokens"] == 60
         assert numbers["prompt_tokens"] == 10 * 72
-        assert numbers["cached_tokens"] >= 9 * 64 - 16  # the named segment, after the first
-        assert served[tenant] == pytest.approx(numbers["service"])
+        assert numbers["cached_tokens"] >= 10 * 64  # the named segment, every time
+        assert after[tenant] - before[tenant] == pytest.approx(numbers["service"])
 
 
 def test_tag_tenants_attributes_service_per_tenant_in_the_engine(tmp_path, capsys):
@@ -405,32 +461,36 @@ def test_failures_are_counted_by_kind_and_never_end_the_run():
     assert result.tenants["a"].errors == {"500": 6}
     result = run(URL, TenantSpec("a", concurrency=1), requests=3, model=MODEL)
     assert result.tenants["a"].errors == {"connection": 3}
+    # One tenant a run: in a shared budget, how many requests each sends is a race.
     with engines(1, speedup=100.0) as workers:
         limited = tenant_entry("flood", limits={"requestsPerMinute": 2})
         config = gateway_config([w.url for w in workers], [limited])
         with gateway(config) as running:
-            result = run(
-                running.url,
-                TenantSpec("flood", key=KEYS["flood"], concurrency=1),
-                TenantSpec("stranger", key="sk-wrong", concurrency=1),
-                requests=10,
-                shape=PromptShape("random", prompt_tokens=10, output_tokens=2),
-            )
-    assert result.tenants["stranger"].errors["401"] >= 1
-    flood = result.tenants["flood"]
-    assert flood.done == 2 and flood.errors["limited"] == flood.sent - 2
+            shape = PromptShape("random", prompt_tokens=10, output_tokens=2)
+            stranger = TenantSpec("stranger", key="sk-wrong", concurrency=1)
+            refused = run(running.url, stranger, requests=3, shape=shape, model=MODEL)
+            flood = TenantSpec("flood", key=KEYS["flood"], concurrency=1)
+            result = run(running.url, flood, requests=6, shape=shape)
+    assert refused.tenants["stranger"].errors == {"401": 3}
+    stats = result.tenants["flood"]
+    assert stats.sent == 6 and stats.done == 2 and stats.errors == {"limited": 4}
 
 
 def test_ctrl_c_ends_the_cli_run_and_still_prints_the_summary(capsys):
+    """Ctrl-C once the engine has answered a request: the run's handler is in place by
+    then (it is installed before the first request is sent)."""
+
+    def interrupt_once_answered() -> None:
+        wait_until(lambda: metric(engine.url, "vllm:request_success_total") >= 1)
+        os.kill(os.getpid(), signal.SIGINT)
+
     with engines(1, speedup=100.0) as (engine,):
-        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        try:
-            code = main(["load", "--url", engine.url, "--tenant", "a:concurrency=2",
-                         "--duration", "60", "--shape", "random", "--prompt-tokens", "20",
-                         "--output-tokens", "4"])  # fmt: skip
-        finally:
-            timer.cancel()
+        interrupter = threading.Thread(target=interrupt_once_answered, daemon=True)
+        interrupter.start()
+        code = main(["load", "--url", engine.url, "--tenant", "a:concurrency=2",
+                     "--duration", "60", "--shape", "random", "--prompt-tokens", "20",
+                     "--output-tokens", "4"])  # fmt: skip
+        interrupter.join()
     assert code == 0
     assert "ended: stopped" in capsys.readouterr().out
 
@@ -474,23 +534,20 @@ def test_building_the_parser_does_not_import_httpx():
     assert result.stdout.strip() == "False", result.stderr
 
 
-# --- fairness through the gateway ------------------------------------------------------
+# --- through the gateway ----------------------------------------------------------------
 
 
-def test_gateway_weights_one_to_two_give_service_shares_one_third_and_two_thirds():
-    """Both tenants closed-loop with far more requests in flight (16 each) than the
-    saturated pool holds (2 workers × 2), so both stay backlogged in the gateway's fair
-    queue (VTC) after the first second, in which connections open and the queue fills.
+def test_load_through_the_gateway_measures_what_the_gateway_charged():
+    """Two weighted tenants, closed-loop, through a saturated pool: what `fairpool load`
+    counts per tenant (answers, tokens, service, and so the shares it reports) is what the
+    gateway charged them, request for request.
 
-    Tolerance, from VTC's bound: over an interval in which both are backlogged, the
-    service each received, divided by its weight, differs by at most 2U (U: the service of
-    one request, all the same size here; VTC Thm 4.4). The client counts a request's
-    service when it ends, so at each end of the interval each tenant's count may be off by
-    the requests then in the pool (4): |ΔW_f − ΔW_l/2| ≤ (2 + 2·4)·U = G. With
-    ΔS = ΔW_f + ΔW_l, the light tenant's share of ΔS differs from 2/3 by at most 2G/(3ΔS).
-    """
-    # Engines slow enough that the pool, not the load generator, is the bottleneck: the
-    # generator must keep both tenants' queues at the gateway from ever emptying.
+    The run ends at its requests bound, when every request has been answered: how many
+    were in flight when it ended cannot differ between the client and the gateway. Whether
+    the gateway's charging gives weighted shares is tests/test_gateway_fairness.py's to
+    show, over an order of service fixed by the fair queue; a share measured here over a
+    span of wall-clock time would also measure whether this client kept both tenants
+    backlogged on a loaded machine."""
     with engines(2, speedup=2.0) as workers:
         config = gateway_config(
             [w.url for w in workers],
@@ -502,18 +559,35 @@ def test_gateway_weights_one_to_two_give_service_shares_one_third_and_two_thirds
                 running.url,
                 TenantSpec("flood", key=KEYS["flood"], weight=1.0, concurrency=16),
                 TenantSpec("light", key=KEYS["light"], weight=2.0, concurrency=16),
-                duration=4.0,
-                warmup=1.0,
+                requests=120,
+                duration=None,
                 shape=PromptShape("random", prompt_tokens=48, output_tokens=16),
             )
-    flood, light = result.tenants["flood"], result.tenants["light"]
-    assert not flood.errors and not light.errors and flood.done and light.done
-    assert flood.prompt_tokens / flood.done == light.prompt_tokens / light.done
-    one_request = flood.service / flood.done
-    served = sum(stats.service - stats.warmup_service for stats in result.tenants.values())
+            charged = {
+                tenant: gateway_metric(running, "fairpool_gateway_service_total", tenant=tenant)
+                for tenant in ("flood", "light")
+            }
+            answered = {
+                tenant: gateway_metric(
+                    running, "fairpool_gateway_requests_total", tenant=tenant, status="200"
+                )
+                for tenant in ("flood", "light")
+            }
+            tokens = {
+                (tenant, kind): gateway_metric(
+                    running, "fairpool_gateway_tokens_total", tenant=tenant, kind=kind
+                )
+                for tenant in ("flood", "light")
+                for kind in ("prompt", "completion")
+            }
+    assert result.stopped_by == "requests"
+    for tenant in ("flood", "light"):
+        stats = result.tenants[tenant]
+        assert not stats.errors and not stats.cancelled
+        assert stats.done == answered[tenant] > 0
+        assert stats.prompt_tokens == tokens[tenant, "prompt"]
+        assert stats.completion_tokens == tokens[tenant, "completion"] == 16 * stats.done
+        assert stats.service == pytest.approx(charged[tenant])
     share = result.share("light")
-    assert share is not None
-    bound = 2 * (2 + 2 * 4) * one_request / (3 * served)
-    print(f"light share {share:.3f} after the first second (2/3 ± {bound:.3f})")
-    assert abs(share - 2 / 3) <= bound
-    assert result.entitled_share("light") == pytest.approx(2 / 3, abs=0.01)
+    print(f"light's share {share:.3f} of the whole run, whose end is the flood's alone")
+    assert share == pytest.approx(charged["light"] / sum(charged.values()))

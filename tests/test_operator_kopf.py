@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import polling
 import pytest
 import yaml
 
@@ -96,16 +98,12 @@ class Cluster:
         return yaml.safe_load(configmap["data"]["scheduler.yaml"])
 
 
-async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except (KeyError, TypeError, AssertionError):
-            pass
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+def eventually(condition: Callable[[], object]) -> Awaitable[object]:
+    """Until `condition` holds; an object not there yet (KeyError, TypeError on None, a
+    failed assertion in a helper) counts as not yet."""
+    return polling.eventually(
+        condition, ignoring=(KeyError, TypeError, AssertionError), interval=0.05
+    )
 
 
 def operator_settings() -> kopf.OperatorSettings:
@@ -248,12 +246,11 @@ def test_create_scale_reweigh_delete_and_restart(cluster_env: Path) -> None:
                 await eventually(lambda: k.gateway()["pools"] == [])
                 assert k.gateway()["tenants"] == []
                 await eventually(lambda: reason(k.get(TENANTS, "acme")) == "PoolNotFound")
+                # the watches end every second and resume from where they were ...
+                await eventually(lambda: resumed_watches(emulator) >= {POOLS, TENANTS})
             outputs.append(runner.output)
             assert runner.exit_code == 0 and runner.exception is None
-            # the watches ended every second and resumed from where they were: nothing was
-            # handled twice (one Deployment created, then patched once for the scale).
-            resumed = [r for r in emulator[kmock.action.WATCH] if r.params.get("resourceVersion")]
-            assert resumed
+            # ... and nothing was handled twice (one Deployment created, patched once).
             assert len(emulator[f"post /apis/apps/v1/namespaces/{NS}/deployments"]) == 1
 
             # restart with nothing changed: the resumed reconcile writes nothing.
@@ -262,12 +259,27 @@ def test_create_scale_reweigh_delete_and_restart(cluster_env: Path) -> None:
                 await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 3.0})
                 await eventually(lambda: ready(k.get(TENANTS, "acme")) == "True")
                 await eventually(lambda: HANDLED in k.get(POOLS, "chat")["metadata"]["annotations"])
-            async with Operator() as runner:
-                before = total_writes(emulator)
-                await asyncio.sleep(1.5)  # resume handlers ran, watches resumed once
-                assert total_writes(emulator) == before, recent_writes(
-                    emulator, total_writes(emulator) - before
-                )
+            before, since = total_writes(emulator), last_request(emulator)
+            with kopf_log() as log:
+                async with Operator() as runner:
+                    # Everything this start does is done: the resume of the pool and of
+                    # the tenant (their handling cycles finished, kopf's own patches
+                    # included), the first look at each child and secret, the tenant's
+                    # first timer; and the watches ended and resumed once.
+                    for kind, name, message in [
+                        ("InferencePool", "chat", "Handling cycle is finished"),
+                        ("TenantQuota", "acme", "Handling cycle is finished"),
+                        ("Deployment", "chat-engine", "Handler 'child_changed' succeeded"),
+                        ("Service", "chat-engine", "Handler 'child_changed' succeeded"),
+                        ("ConfigMap", "chat-scheduler", "Handler 'child_changed' succeeded"),
+                        ("Secret", "acme-keys", "Handler 'key_secret_changed' succeeded"),
+                        ("TenantQuota", "acme", "Timer 'tenant_timer' succeeded"),
+                    ]:
+                        await eventually(lambda line=(kind, name, message): log.saw(*line))
+                    await eventually(lambda: resumed_watches(emulator, since) >= {POOLS, TENANTS})
+                    assert total_writes(emulator) == before, recent_writes(
+                        emulator, total_writes(emulator) - before
+                    )
             outputs.append(runner.output)
         return outputs
 
@@ -304,6 +316,50 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
         if item["type"] == kind:
             return item
     return {}
+
+
+class KopfLog(logging.Handler):
+    """kopf's log lines about objects, as (kind, name, message), as they are written."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[tuple[str, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ref = getattr(record, "k8s_ref", None) or {}
+        self.lines.append((ref.get("kind"), ref.get("name"), record.getMessage()))
+
+    def saw(self, kind: str, name: str, start: str) -> bool:
+        return any(line[:2] == (kind, name) and line[2].startswith(start) for line in self.lines)
+
+
+@contextlib.contextmanager
+def kopf_log() -> Iterator[KopfLog]:
+    """kopf's per-object log, debug lines included, for the block."""
+    logger = logging.getLogger("kopf.objects")
+    handler, level = KopfLog(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def last_request(emulator: Any) -> int:
+    return max((request.id for request in emulator[kmock.action.WATCH]), default=-1)
+
+
+def resumed_watches(emulator: Any, since: int = -1) -> set[str]:
+    """The resources (group/version/plural) whose watch resumed from a resourceVersion in
+    a request after request `since`."""
+    resumed = set()
+    for request in emulator[kmock.action.WATCH]:
+        if request.id > since and request.params.get("resourceVersion"):
+            parts = request.url.path.strip("/").split("/")
+            resumed.add("/".join([*parts[1:3], parts[-1]]))
+    return resumed
 
 
 def total_writes(emulator: Any) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 from operator_fakes import FakeApi
+from polling import DEADLINE, wait_until
 
 from fairpool_operator.api import ApiError
 from fairpool_operator.config import OperatorConfig
@@ -360,25 +361,34 @@ fairpool_gateway_service_total{tenant="b \\"q\\"",pool="chat"} 1.5
 
 
 def test_concurrent_requests_coalesce_into_few_reconciles() -> None:
+    """One reconcile is running (held by the test) when 7 more are requested: they all
+    wait for it, then exactly one more runs for all of them (they were requested after
+    the first started, so it did not cover them)."""
     _, reconciler = namespace()
     calls = []
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
     original = reconciler.reconcile
 
-    def slow() -> list[Any]:
+    def held() -> list[Any]:
         calls.append(1)
-        gate.wait(1)
+        started.set()
+        assert gate.wait(DEADLINE)
         return original()
 
-    reconciler.reconcile = slow  # type: ignore[method-assign]
+    reconciler.reconcile = held  # type: ignore[method-assign]
     operator = Operator(reconciler)
-    threads = [threading.Thread(target=operator.reconcile) for _ in range(8)]
+    first = threading.Thread(target=operator.reconcile)
+    first.start()
+    assert started.wait(DEADLINE)
+    threads = [threading.Thread(target=operator.reconcile) for _ in range(7)]
     for thread in threads:
         thread.start()
+    # All 7 have taken their turn number and wait for the running reconcile.
+    wait_until(lambda: operator._requested, lambda requested: requested == 8)
     gate.set()
-    for thread in threads:
+    for thread in [first, *threads]:
         thread.join()
-    assert 1 <= len(calls) <= 2
+    assert len(calls) == 2
     now = [100.0]
     timed = Operator(reconciler, clock=lambda: now[0])
     timed.reconcile()

@@ -8,13 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_until
 
 from fairpool_engine.vllm.tiny_model import build
 
@@ -98,22 +98,20 @@ def start_server(
             start_new_session=True,
         )  # fmt: skip
     server = Server(f"http://127.0.0.1:{port}", process, log, trace)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(
-                f"{name} exited with {process.returncode}:\n{server.log_text()[-4000:]}"
-            )
+
+    def healthy() -> bool:
+        assert process.poll() is None, f"{name} exited with {process.returncode}"
         try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return server
+            return httpx.get(f"{server.url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    stop_server(server)
-    raise AssertionError(
-        f"{name} not healthy after {STARTUP_TIMEOUT} s:\n{server.log_text()[-4000:]}"
-    )
+            return False
+
+    try:
+        wait_until(healthy, timeout=STARTUP_TIMEOUT, interval=0.5, what=f"{name} healthy")
+    except AssertionError as error:
+        stop_server(server)
+        raise AssertionError(f"{error}:\n{server.log_text()[-4000:]}") from None
+    return server
 
 
 def stop_server(server: Server) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from polling import eventually, wait_until
 
 from .conftest import MODEL_NAME, Server
 
@@ -54,8 +54,17 @@ def body(tenant: str | None, prompt: str, max_tokens: int, **extra: object) -> d
     return document
 
 
+def arrived(server: Server, tenant: str) -> int:
+    """Requests of `tenant` the engine's scheduler has been given so far (its trace)."""
+    return sum(
+        1
+        for event in trace_events(server)
+        if event["event"] == "add" and event.get("tenant") == tenant
+    )
+
+
 async def burst(server: Server) -> None:
-    """32 requests of `flood`, then 8 of `light`."""
+    """32 requests of `flood`, then, once the engine has all of them, 8 of `light`."""
 
     async def one(client: httpx.AsyncClient, tenant: str, index: int) -> None:
         prompt = f"request {index} from {tenant}: def handler(event, context): return"
@@ -63,11 +72,15 @@ async def burst(server: Server) -> None:
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 160
 
+    before = arrived(server, "flood")
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
         flood = [asyncio.create_task(one(client, "flood", i)) for i in range(32)]
-        await asyncio.sleep(0.01)  # the flood is sent first
-        # Sent at once: on a busy two-core machine vLLM's API server can take seconds to
-        # hand requests sent later over to the engine.
+        # On a busy two-core machine vLLM's API server can take seconds to hand requests
+        # over to the engine: the light ones are sent once the flood's are all there, so
+        # that the order of arrival is the test's, not the machine's.
+        await eventually(  # a line being written is not JSON yet: not yet
+            lambda: arrived(server, "flood") - before >= 32, timeout=120, ignoring=(ValueError,)
+        )
         light = [asyncio.create_task(one(client, "light", i)) for i in range(8)]
         await asyncio.gather(*flood, *light)
 
@@ -126,7 +139,7 @@ def test_a_flooding_tenant_does_not_starve_a_light_one_unlike_fcfs(
     # Weight 2 of 3; output is charged as it is generated, so admissions run a little
     # ahead of the 2/3 share of service.
     assert 0.55 <= fair_share <= 0.95
-    assert fcfs_share <= 0.25  # behind the flood (but for the odd request sent early)
+    assert fcfs_share <= 0.25  # behind the flood
 
 
 def completion_service(usage: dict[str, object]) -> float:
@@ -191,15 +204,12 @@ def test_an_aborted_stream_leaves_nothing_behind(fair_server: Server):
             chunks += line.startswith("data: ")
             if chunks >= 3:
                 break  # closing the stream aborts the request
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        text = fair_server.metrics()
+
+    def nothing_running(text: str) -> bool:
         running = metric(text, "fairpool_engine_tenant_requests_running", tenant="quitter")
-        if running == 0 and metric(text, "vllm:num_requests_running") == 0:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the aborted request is still running")
+        return running == 0 and metric(text, "vllm:num_requests_running") == 0
+
+    text = wait_until(fair_server.metrics, nothing_running, what="the aborted request gone")
     assert metric(text, "fairpool_engine_tenant_requests_waiting", tenant="quitter") == 0
     finished = [e for e in trace_events(fair_server) if e["event"] == "finish"]
     quitter_ids = {e["request"] for e in trace_events(fair_server) if e.get("tenant") == "quitter"}
@@ -224,14 +234,12 @@ def test_a_weight_change_is_picked_up_without_a_restart(fair_server: Server, scr
         tenants={**WEIGHTS, "light": 5.0},
         cost={"outputWeight": 2},
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def weight_after_a_request() -> float:
         httpx.post(f"{fair_server.url}/v1/completions", json=body("light", "x", 2), timeout=30)
-        if metric(fair_server.metrics(), "fairpool_engine_tenant_weight", tenant="light") == 5:
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail("the new weight never showed")
+        return metric(fair_server.metrics(), "fairpool_engine_tenant_weight", tenant="light")
+
+    wait_until(weight_after_a_request, lambda weight: weight == 5, interval=0.5)
     text = fair_server.metrics()
     assert metric(text, "fairpool_engine_config_reloads_total", result="applied") >= 1
 

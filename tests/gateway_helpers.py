@@ -65,7 +65,7 @@ def gateway(config: GatewayConfig) -> Iterator[GatewayThread]:
 def all_in_rotation(running: GatewayThread, config: GatewayConfig) -> bool:
     listed = {pool.name: set(pool.workers.urls or ()) for pool in config.pools}
     pools = running.gateway.pools
-    return all(set(pools[name].router.workers) >= urls for name, urls in listed.items())
+    return all(set(pools[name].front.router.workers) >= urls for name, urls in listed.items())
 
 
 class Settlements(logging.Handler):
@@ -76,7 +76,7 @@ class Settlements(logging.Handler):
 
     def __init__(self, running: GatewayThread) -> None:
         super().__init__(logging.INFO)
-        self.queue = running.gateway.pools["main"].queue
+        self.queue = running.gateway.pools["main"].front.queue
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -234,6 +234,25 @@ def test_set_weights_applies_to_later_charges():
     assert pool.queue.state()["b"]["counter"] == 25.0
 
 
+def test_routing_never_sends_a_request_to_a_saturated_worker():
+    """D2LPM prefers the worker holding a prompt's prefix; with saturation thresholds it
+    chooses among the workers with room, so a flood sharing one prefix fills every
+    worker to its limit and the rest waits, instead of piling onto the holder."""
+    pool = Pool(slots=2, router="d2lpm", workers=("w0", "w1"))
+    document = "a shared document " * 20
+    for i in range(10):
+        pool.arrive(f"r{i}", "a", key=document + str(i))
+    outstanding = {w: s.outstanding for w, s in pool.front.router.workers.items()}
+    assert outstanding == {"w0": 2, "w1": 2} and pool.queue.queued() == 6
+    holder = pool.flights["r0"].decision
+    assert holder is not None
+    for _ in range(6):  # each slot that frees goes to the next waiter, on a worker with room
+        running = next(rid for rid in pool.released if not pool.flights[rid].settled)
+        pool.serve(running)
+        assert all(s.outstanding <= 2 for s in pool.front.router.workers.values())
+    assert pool.queue.queued() == 0
+
+
 # ---------------------------------------------------------------------- refusals and exits
 
 

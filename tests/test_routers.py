@@ -567,3 +567,32 @@ def test_routers_without_a_tree_match_nothing():
         router = make_router(name, WORKERS)
         router.route(req(PROMPT))
         assert router.route(req(PROMPT)).matched == 0 and router.cache_size() is None
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+@given(
+    steps=st.lists(
+        st.tuples(keys, st.sets(st.sampled_from(WORKERS), min_size=1), st.booleans()),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_a_decision_is_always_among_the_eligible_workers(name, steps):
+    router = make_router(name, WORKERS, **({"worker_quantum": 10} if name == "d2lpm" else {}))
+    in_flight = []
+    for number, (key, eligible, finish) in enumerate(steps):
+        decision = router.route(RouteRequest(f"r{number}", "t", key, 8), eligible)
+        assert decision.worker in eligible
+        in_flight.append(f"r{number}")
+        if finish:
+            router.complete(in_flight.pop(0), 4)
+        if isinstance(router, D2LPM):  # credit stays bounded, restricted refills or not
+            assert all(q <= router.tenant_quantum("t") for q in router.deficits["t"].values())
+
+
+def test_round_robin_skips_workers_that_are_not_eligible():
+    router = RoundRobin(WORKERS)
+    chosen = [router.route(req(), {"w0", "w2"}).worker for _ in range(4)]
+    assert chosen == ["w0", "w2", "w0", "w2"]
+    with raises_config("eligible"):
+        router.route(req(), {"elsewhere"})

@@ -390,24 +390,31 @@ class PoolFront:
     def has_capacity(self) -> bool:
         """Whether a request may be dispatched now. The front keeps "nobody waits while
         there is capacity" true after each of its calls; capacity changes must therefore
-        reach it through them (`set_rotation`, `update_load`, `set_saturation`, `settle`).
+        reach it through them (`set_rotation`, `update_load`, `set_saturation`, `settle`)."""
+        if self.saturation is None:
+            return self.router.has_room()
+        return bool(self.workers_with_room())
 
-        A worker in rotation has room for one more request: the router allows it (a
-        chain below its capacity) and, with saturation thresholds, the worker has fewer
-        than `maxOutstanding` requests from this front, fewer than `maxWaiting` in its
-        engine's queue and less than `maxKvUsage` of its KV cache in use."""
-        router = self.router
-        limits = self.saturation
-        if limits is None:
-            return router.has_room()
-        for worker in router.workers.values():
-            if worker.kv_usage >= limits.max_kv_usage or worker.waiting >= limits.max_waiting:
-                continue
-            if worker.outstanding >= limits.max_outstanding:
-                continue
-            if router.room(worker.worker_id) != 0:
-                return True
-        return False
+    def workers_with_room(self) -> list[str]:
+        """The workers in rotation that may take one more request: the router allows it (a
+        chain below its capacity) and the worker is below the saturation thresholds —
+        fewer than `maxOutstanding` requests from this front, fewer than `maxWaiting` in
+        its engine's queue, less than `maxKvUsage` of its KV cache in use. Routing chooses
+        among these, so a request is never sent to a saturated worker."""
+        limits, router = self.saturation, self.router
+        return [
+            worker.worker_id
+            for worker in router.workers.values()
+            if (
+                limits is None
+                or (
+                    worker.outstanding < limits.max_outstanding
+                    and worker.waiting < limits.max_waiting
+                    and worker.kv_usage < limits.max_kv_usage
+                )
+            )
+            and router.room(worker.worker_id) != 0
+        ]
 
     # ------------------------------------------------------------------ workers and weights
 
@@ -470,8 +477,12 @@ class PoolFront:
         if not self.router.workers:
             raise NoWorker(f"pool {self.name!r} has no worker in rotation")
         request = flight.request
+        eligible = None if self.saturation is None else self.workers_with_room()
+        if eligible == []:  # a worker failed and the others are full: wait no longer
+            eligible = None
         decision = self.router.route(
-            RouteRequest(request.request_id, request.tenant, request.key, request.input_tokens)
+            RouteRequest(request.request_id, request.tenant, request.key, request.input_tokens),
+            eligible,
         )
         flight.decision = decision
         if flight.dispatched_at is None:

@@ -23,7 +23,7 @@ LRU under a size bound, like SGLang's router.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -119,12 +119,22 @@ class Router(ABC):
 
     # ------------------------------------------------------------------ requests
 
-    def route(self, request: RouteRequest) -> RouteDecision:
+    def route(
+        self, request: RouteRequest, eligible: Collection[str] | None = None
+    ) -> RouteDecision:
+        """Pick the worker for `request` among the `eligible` ones (default: every worker;
+        the gateway's front passes those below its saturation thresholds), and count the
+        request there."""
         if not self.workers:
             raise ConfigError("workers", "the pool has no workers to route to")
         if request.request_id in self._in_flight:
             raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
-        worker_id = self._choose(request)
+        candidates = list(self.workers)
+        if eligible is not None:
+            candidates = [worker for worker in candidates if worker in eligible]
+            if not candidates:
+                raise ConfigError("eligible", "no worker of the pool is eligible")
+        worker_id = self._choose(request, candidates)
         # Before `_dispatched`: a prefix router learns the key there, and would then
         # report a never-seen prompt as fully cached.
         decision = RouteDecision(worker_id, self._matched(request, worker_id))
@@ -185,8 +195,8 @@ class Router(ABC):
     # ------------------------------------------------------------------ for subclasses
 
     @abstractmethod
-    def _choose(self, request: RouteRequest) -> str:
-        """The worker for `request` (the pool is not empty)."""
+    def _choose(self, request: RouteRequest, candidates: list[str]) -> str:
+        """The worker for `request` among `candidates` (not empty; in pool order)."""
 
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
         """`request` was sent to `worker_id`."""

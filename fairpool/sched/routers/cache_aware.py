@@ -50,11 +50,13 @@ class CacheAware(PrefixRouter):
         high, low = max(loads), min(loads)
         return high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low
 
-    def _choose(self, request: RouteRequest) -> str:
+    def _choose(self, request: RouteRequest, candidates: list[str]) -> str:
         if self.is_imbalanced():
-            return self._least_loaded(self.workers)
+            return self._least_loaded(candidates)
         length, holders = self._longest_match(request)
+        eligible = set(candidates)
+        holders = [worker for worker in holders if worker in eligible]
         key_length = len(request.key)
         if holders and key_length and length / key_length > self.cache_threshold:
             return self._least_loaded(holders)
-        return self._least_loaded(self.workers)
+        return self._least_loaded(candidates)

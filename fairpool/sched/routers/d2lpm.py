@@ -29,6 +29,12 @@ Choices the paper leaves open (reference digest §B.7), made here:
    engines' local DLPM handles rejoining). Credit is still capped at Q^w per worker
    because refills only happen when every worker is exhausted.
 4. Weights (an extension): tenant i's quantum is Q^w·w_i, as in the local DLPM.
+5. Eligible workers (an extension): the gateway's front may restrict a decision to the
+   workers below its saturation thresholds (`route(request, eligible)`). G_avail and the
+   refill are then taken over those: the tenant is refilled until an eligible worker has
+   credit, and a worker that kept credit meanwhile is capped at Q^w·w_i, so credit stays
+   bounded per worker as in the unrestricted algorithm (where the cap never binds: the
+   refill stops as soon as any worker has credit, and none had any before it).
 """
 
 from __future__ import annotations
@@ -86,11 +92,12 @@ class WorkerDeficits(Mapping[str, float]):
     def charge(self, worker: str, service: float) -> None:
         self.charged[worker] = self[worker] - service
 
-    def refill(self, amount: float) -> None:
-        """Add `amount` on every worker."""
-        self.uncharged += amount
-        for worker in self.charged:
-            self.charged[worker] += amount
+    def refill(self, amount: float, cap: float) -> None:
+        """Add `amount` on every worker, none ending above `cap` (a worker that kept its
+        credit while the refill was for others: see D2LPM's choice 5)."""
+        self.uncharged = min(self.uncharged + amount, max(self.uncharged, cap))
+        for worker, value in self.charged.items():
+            self.charged[worker] = min(value + amount, max(value, cap))
 
     def start(self, worker: str) -> None:
         """A worker joins the pool at 0."""
@@ -124,31 +131,42 @@ class D2LPM(PrefixRouter):
     def tenant_quantum(self, tenant: str) -> float:
         return self.worker_quantum * self.weights[tenant]
 
-    def available(self, tenant: str) -> list[str]:
-        """G_avail: workers where `tenant` has credit, after refilling if it has none."""
+    def available(self, tenant: str, candidates: Collection[str] | None = None) -> list[str]:
+        """G_avail: workers (of `candidates`, default all) where `tenant` has credit,
+        after refilling if it has none there."""
         deficits = self.deficits[tenant]
-        available = deficits.credited()
+        available = self._credited(deficits, candidates)
         if not available:
-            self._refill(tenant)
-            available = deficits.credited()
+            self._refill(tenant, candidates)
+            available = self._credited(deficits, candidates)
         return available
 
-    def _refill(self, tenant: str) -> None:
-        """Lines 5-6: add Q^w on every worker until some worker has credit."""
+    @staticmethod
+    def _credited(deficits: WorkerDeficits, candidates: Collection[str] | None) -> list[str]:
+        credited = deficits.credited()
+        if candidates is None:
+            return credited
+        return [worker for worker in credited if worker in candidates]
+
+    def _refill(self, tenant: str, candidates: Collection[str] | None = None) -> None:
+        """Lines 5-6: add Q^w on every worker until some (eligible) worker has credit."""
         deficits = self.deficits[tenant]
         quantum = self.tenant_quantum(tenant)
-        rounds = min(refills_to_credit(deficit, quantum) for deficit in deficits.levels())
+        levels = deficits.levels() if candidates is None else [deficits[w] for w in candidates]
+        rounds = min(refills_to_credit(deficit, quantum) for deficit in levels)
         self.refill_rounds += rounds
-        deficits.refill(rounds * quantum)
+        deficits.refill(rounds * quantum, cap=quantum)
 
-    def _choose(self, request: RouteRequest) -> str:
+    def _choose(self, request: RouteRequest, candidates: list[str]) -> str:
         _, holders = self._longest_match(request)  # first: it raises on a bad key
-        available = self.available(request.tenant)
+        restricted = len(candidates) < len(self.workers)
+        eligible = set(candidates) if restricted else None
+        available = self.available(request.tenant, eligible)
         if not holders:
             return self._least_loaded(available)  # empty match: every worker holds it
         credited = set(available)
-        candidates = [worker for worker in holders if worker in credited]
-        return self._least_loaded(candidates or available)
+        preferred = [worker for worker in holders if worker in credited]
+        return self._least_loaded(preferred or available)
 
     def _dispatched(self, request: RouteRequest, worker_id: str) -> None:
         super()._dispatched(request, worker_id)

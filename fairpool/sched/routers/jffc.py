@@ -63,8 +63,8 @@ class JFFC(Router):
         profile = self.chains.get(worker_id)
         return 1.0 if profile is None else profile.service_rate
 
-    def _choose(self, request: RouteRequest) -> str:
-        free = [worker for worker in self.workers if self.room(worker) != 0]
+    def _choose(self, request: RouteRequest, candidates: list[str]) -> str:
+        free = [worker for worker in candidates if self.room(worker) != 0]
         if not free:
             raise ConfigError("workers", "every chain is at capacity; queue the request")
         # max() keeps the first of equal keys: the earliest-added chain wins ties.

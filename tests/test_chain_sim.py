@@ -33,6 +33,8 @@ from fairpool.sim.chains import (
 )
 from fairpool_reproduce import chains as rc
 
+pytestmark = pytest.mark.unit
+
 GB = 10**9
 
 

@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry
 from fairpool.api.gateway_config import load_gateway_config
 from fairpool.api.manifests import load_manifests
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "fairpool"
 HELM = ROOT / ".tools" / "bin" / "helm"

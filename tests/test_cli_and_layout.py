@@ -13,6 +13,8 @@ import pytest
 
 from fairpool_cli.main import main
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

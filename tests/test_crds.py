@@ -21,6 +21,8 @@ from fairpool.api import crds
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.tenant_quota import TenantQuota
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "crds"
 MODELS: dict[str, type[BaseModel]] = {"InferencePool": InferencePool, "TenantQuota": TenantQuota}

@@ -21,6 +21,8 @@ from fairpool.sched.errors import ConfigError
 from fairpool.sched.policies.dlpm import refills_to_credit
 from fairpool.sched.routers import D2LPM, RouteRequest
 
+pytestmark = pytest.mark.unit
+
 _ids: Iterator[int] = itertools.count()
 W4 = ["w0", "w1", "w2", "w3"]
 

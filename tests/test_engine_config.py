@@ -21,6 +21,8 @@ from fairpool.sched.requests import EngineSnapshot
 from fairpool_engine.live import LiveScheduler
 from fairpool_engine.tenant_metrics import TenantMetrics
 
+pytestmark = pytest.mark.unit
+
 
 class FakeClock:
     def __init__(self) -> None:

@@ -13,6 +13,8 @@ import pytest
 
 from fairpool_engine.vllm import launch
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "engine" / "fairpool_engine"
 #: The `fairpool` command imports the components' entry points; it is not the library.

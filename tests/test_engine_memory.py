@@ -4,11 +4,14 @@ admission, memory-safe policies (seed 002) that never need preemption, and the
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairpool.sched import Request, make_policy
 from fairpool.sim.engine import SimEngine
+
+pytestmark = pytest.mark.unit
 
 
 def unique_tokens(index: int, length: int) -> list[int]:

@@ -12,6 +12,8 @@ from fairpool_cli.main import main
 from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
 
+pytestmark = pytest.mark.loopback
+
 
 @pytest.fixture(scope="module")
 def server():

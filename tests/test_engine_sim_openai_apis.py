@@ -20,6 +20,8 @@ from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
 from fairpool_engine.sim.text import render_chat, tokenize
 
+pytestmark = pytest.mark.loopback
+
 FAST = 1000.0  # model seconds per wall second
 BLOCK = 16  # the default profile's KV block
 DIM = 32

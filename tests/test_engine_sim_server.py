@@ -15,6 +15,8 @@ from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
 from fairpool_engine.sim.text import tokenize
 
+pytestmark = pytest.mark.loopback
+
 FAST = 1000.0  # model seconds per wall second
 
 SYSTEM = "You are a careful assistant. " * 20  # 120 tokens, shared by the chats below

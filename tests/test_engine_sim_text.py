@@ -17,6 +17,8 @@ from fairpool_engine.sim.protocol import RequestError, output_budget
 from fairpool_engine.sim.runner import EngineRunner
 from fairpool_engine.sim.text import filler, output_seed, render_chat, tokenize
 
+pytestmark = pytest.mark.unit
+
 
 def test_tokens_are_words_punctuation_and_chat_markers():
     assert len(tokenize("Hello, world!")) == 4

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from fairpool.files import FileVersion, FileWatch, file_version
+
+pytestmark = pytest.mark.unit
 
 SAME_TIME_NS = 1_700_000_000_000_000_000
 

@@ -21,6 +21,8 @@ from fairpool.sim.metrics import Recorder, fairness_bound
 from fairpool.sim.trace import TraceRequest, read_trace
 from fairpool_cli.main import main
 
+pytestmark = pytest.mark.unit
+
 FAST = StepTime(base=0.01, per_prefill_token=0.0001, per_decode=0.0002)
 
 

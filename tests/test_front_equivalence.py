@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from polling import wait_until
 
@@ -44,6 +45,8 @@ from fairpool.sim.trace import Segment, TraceRequest
 from fairpool_engine.sim.options import SimOptions as EngineOptions
 from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.server import GatewayThread
+
+pytestmark = pytest.mark.loopback
 
 MODEL = "sim-model"
 PROFILE = "llama3-8b-h100"  # engine-sim's default

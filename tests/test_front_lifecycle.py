@@ -39,6 +39,8 @@ from fairpool.front import (
 from fairpool.sched import CostModel, TenantWeights
 from fairpool.sched.registry import make_router
 
+pytestmark = pytest.mark.unit
+
 COST = CostModel()
 
 

@@ -8,6 +8,8 @@ from fairpool.api.tenant_quota import TenantLimits
 from fairpool.front.limits import Rejection, TenantLimiter
 from fairpool.sched.limits import SlidingWindow
 
+pytestmark = pytest.mark.unit
+
 
 class FakeClock:
     """Seconds that pass only when a test says so."""

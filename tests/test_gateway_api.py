@@ -25,6 +25,8 @@ from sim_http import metric
 
 from fairpool_gateway.openapi import openapi_document
 
+pytestmark = pytest.mark.loopback
+
 
 @pytest.fixture(scope="module")
 def pool():

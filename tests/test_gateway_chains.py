@@ -23,6 +23,8 @@ from fairpool.api.gateway_config import GatewayPool
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
 
+pytestmark = pytest.mark.loopback
+
 SLOW = {"capacity": 2, "serviceRate": 0.5}
 FAST = {"capacity": 3, "serviceRate": 2.0}
 

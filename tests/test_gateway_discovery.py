@@ -26,6 +26,8 @@ from fairpool_gateway.discovery import (
     parse_worker_file,
 )
 
+pytestmark = pytest.mark.loopback
+
 
 @contextlib.asynccontextmanager
 async def following(discovery: WorkerDiscovery) -> AsyncIterator[list[list[str]]]:

@@ -29,6 +29,8 @@ from gateway_helpers import (
 from polling import eventually, wait_until
 from sim_http import held
 
+pytestmark = pytest.mark.subprocess
+
 # Saturated as soon as a worker holds 2 requests: the rest wait in the gateway's fair queue.
 WHO = ("flood", "light")
 OUTPUT = 16
@@ -58,7 +60,7 @@ def lifts(running) -> dict[str, float]:
     """VTC's counter lifts so far: counter − service / weight, per tenant."""
     pool = running.gateway.pools["main"]
     weights = {name: tenant.weight for name, tenant in running.gateway.tenants.tenants.items()}
-    state = pool.queue.state()
+    state = pool.front.queue.state()
     return {t: state[t]["counter"] - state[t]["served"] / weights[t] for t in state}
 
 

@@ -11,6 +11,8 @@ from hypothesis import HealthCheck, settings
 
 from fairpool_gateway.openapi import openapi_document
 
+pytestmark = pytest.mark.loopback
+
 SCHEMA = schemathesis.openapi.from_dict(openapi_document())
 
 

@@ -11,6 +11,8 @@ from test_front_lifecycle import Pool
 from fairpool.front import Flight, Rejection
 from fairpool_gateway.pool import _wake, hold
 
+pytestmark = pytest.mark.unit
+
 
 def gateway_pool(slots: int = 0, timeout: float = 30.0) -> Pool:
     pool = Pool(slots=slots)

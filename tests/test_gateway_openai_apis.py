@@ -17,6 +17,8 @@ from gateway_helpers import (
 
 from fairpool_gateway.app import REQUEST_ID
 
+pytestmark = pytest.mark.loopback
+
 SYSTEM = "You answer questions about the harbour of Genoa in two sentences. " * 8
 
 

@@ -23,6 +23,8 @@ from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor, parse_load, shown
 
+pytestmark = pytest.mark.subprocess
+
 LEAVE_DEADLINE = 2.0  # seconds: "a failing worker leaves rotation within 2 s"
 
 
@@ -47,7 +49,7 @@ class Transitions:
     def __init__(self) -> None:
         self.seen: list[tuple[bool, int]] = []
 
-    def __call__(self, worker: WorkerHealth) -> None:
+    def __call__(self, worker: WorkerHealth, load: Load | None) -> None:
         self.seen.append((worker.healthy, worker.consecutive_failures))
 
     def left_at_first_failure(self) -> bool:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 #: Image name → the `fairpool` subcommand its entrypoint runs.

@@ -46,6 +46,8 @@ from fairpool_cli.load.tenants import (
 from fairpool_cli.main import main
 from fairpool_engine.sim.text import render_chat, tokenize
 
+pytestmark = pytest.mark.subprocess
+
 URL = "http://127.0.0.1:9/v1"  # never contacted: for specs that are only built
 
 

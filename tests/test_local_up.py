@@ -16,6 +16,8 @@ import pytest
 import yaml
 from polling import wait_until
 
+pytestmark = pytest.mark.subprocess
+
 EXAMPLE = Path("examples/local.yaml")
 LIGHT_KEY = "sk-local-light-0002"
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import request, view
 
 from fairpool.sched import Running
 from fairpool.sched.memory import admission_is_memory_safe, projected_peak
+
+pytestmark = pytest.mark.unit
 
 
 def test_peak_is_at_a_completion_step():

@@ -33,7 +33,10 @@ TENANTS = "fairpool.io/v1alpha1/tenantquotas"
 KEY = "sk-acme-0001"
 HANDLED = "kopf.fairpool.io/last-handled-configuration"
 
-pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+pytestmark = [
+    pytest.mark.loopback,
+    pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),
+]
 
 
 def pool(name: str = "chat", replicas: int = 1) -> dict[str, Any]:

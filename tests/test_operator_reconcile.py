@@ -9,6 +9,7 @@ import itertools
 import threading
 from typing import Any
 
+import pytest
 import yaml
 from operator_fakes import FakeApi
 from polling import DEADLINE, wait_until
@@ -18,6 +19,8 @@ from fairpool_operator.config import OperatorConfig
 from fairpool_operator.reconcile import Reconciler, contains, up_to_date
 from fairpool_operator.runtime import Operator
 from fairpool_operator.served import Served, parse_served
+
+pytestmark = pytest.mark.unit
 
 CONFIG = OperatorConfig(namespace="serving", engine_sim_image="sim:1", engine_image="vllm:1")
 

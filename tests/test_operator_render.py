@@ -25,6 +25,8 @@ from fairpool_operator.plan import plan_namespace
 from fairpool_operator.render import engine_deployment, pool_objects
 from fairpool_operator.status import pool_status, tenant_status
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = OperatorConfig(
     namespace="serving",

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from fairpool.sim.metrics import percentile
 
+pytestmark = pytest.mark.unit
+
 samples = st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=200)
 fractions = st.floats(min_value=0.0, max_value=1.0)
 

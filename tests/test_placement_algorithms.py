@@ -30,6 +30,8 @@ from fairpool.placement import (
 from fairpool.placement.gca import feasible_links
 from fairpool.sched.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 EPSILON = 1e-3
 GB = 10**9
 

@@ -23,6 +23,8 @@ from fairpool.placement import (
 )
 from fairpool.sched.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 
 def solve_stationary(rates: dict[tuple[int, int], float], states: int) -> list[float]:
     """π with πQ = 0 and Σπ = 1, by Gaussian elimination with partial pivoting."""

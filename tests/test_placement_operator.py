@@ -43,6 +43,8 @@ from fairpool_operator.plan import plan_namespace
 from fairpool_operator.reconcile import Reconciler
 from fairpool_operator.render_chains import chain_objects
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "pipeline.yaml"
 IMAGES = {

@@ -24,6 +24,8 @@ from fairpool.placement import (
 from fairpool.placement.profile import layer_seconds
 from fairpool.sched.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 GB = 10**9
 GIB = 2**30
 

@@ -9,6 +9,8 @@ from fairpool.sched import ConfigError, CostModel, Running, TenantWeights, make_
 from fairpool.sched.policies import DLPM, FCFS, LPM, MCSF, VTC
 from fairpool.sched.policies.dlpm import refills_to_credit
 
+pytestmark = pytest.mark.unit
+
 
 def ids(requests):
     return [r.request_id for r in requests]

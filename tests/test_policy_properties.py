@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fairpool.sched import CostModel, EngineSnapshot, Request, Running, TenantWeights, make_policy
 from fairpool.sched.memory import projected_peak
+
+pytestmark = pytest.mark.unit
 
 TENANTS = ["a", "b", "c"]
 MEMORY = 200

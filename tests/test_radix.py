@@ -25,6 +25,8 @@ from hypothesis.stateful import (
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.radix import LockHandle, Match, RadixTree, TreeStats
 
+pytestmark = pytest.mark.unit
+
 # ---------------------------------------------------------------------------- helpers
 
 # One tree holds one kind of key; the same token ids can be written in each of them.

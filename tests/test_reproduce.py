@@ -7,6 +7,8 @@ import pytest
 
 from fairpool_reproduce import results as reproduce
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def overload():

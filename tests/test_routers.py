@@ -26,6 +26,8 @@ from fairpool.sched.routers import (
     RouteRequest,
 )
 
+pytestmark = pytest.mark.unit
+
 _ids: Iterator[int] = itertools.count()
 
 

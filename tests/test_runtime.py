@@ -6,7 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fairpool.runtime import FULL_COLLECTION_INTERVAL
+
+pytestmark = pytest.mark.subprocess
 
 PROBE = """
 import gc, json

@@ -9,6 +9,8 @@ from fairpool.sim import demo
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.metrics import jain_index
 
+pytestmark = pytest.mark.unit
+
 
 def run_until_idle(engine: SimEngine, limit: int = 100_000) -> None:
     for _ in range(limit):

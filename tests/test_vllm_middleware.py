@@ -13,6 +13,8 @@ import pytest
 from fairpool_engine import pooling_tenant
 from fairpool_engine.vllm.middleware import TenantXargsMiddleware
 
+pytestmark = pytest.mark.unit
+
 
 class Recorder:
     """vLLM's app: records the request it is handed and answers 200."""

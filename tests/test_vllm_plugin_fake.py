@@ -21,6 +21,8 @@ from fake_vllm.scheduler import AsyncScheduler
 
 from fairpool_engine.pooling_tenant import salt_for
 
+pytestmark = pytest.mark.unit
+
 BLOCK = 16
 
 

@@ -14,6 +14,8 @@ from fairpool.sim import workloads
 from fairpool.sim.trace import TraceRequest, read_trace, write_trace
 from fairpool.sim.workloads import WORKLOADS, generate
 
+pytestmark = pytest.mark.unit
+
 DURATION = 240.0
 
 

@@ -19,6 +19,8 @@ import fake_vllm
 import pytest
 from fake_vllm import FAKE_ONLY, LAYOUT, kv_cache
 
+pytestmark = pytest.mark.vllm
+
 PAIRS = [
     (module, name, fake, importlib.import_module(module))
     for module, names in LAYOUT.items()

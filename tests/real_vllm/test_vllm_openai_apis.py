@@ -14,6 +14,8 @@ import pytest
 from .conftest import MODEL_NAME, Server
 from .test_vllm_plugin import metric, write_config
 
+pytestmark = pytest.mark.vllm
+
 SERVICE = "fairpool_engine_tenant_service_total"
 
 

@@ -26,6 +26,8 @@ from fairpool_engine.vllm.main import _patch_cpu_build_version
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import plan_namespace
 
+pytestmark = pytest.mark.vllm
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline.yaml"
 LAYERS = 80
 

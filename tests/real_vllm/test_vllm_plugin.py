@@ -18,6 +18,8 @@ from polling import eventually, wait_until
 
 from .conftest import MODEL_NAME, Server
 
+pytestmark = pytest.mark.vllm
+
 WEIGHTS = {"flood": 1.0, "light": 2.0}
 
 

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import vllm_environment
+
+pytestmark = pytest.mark.vllm
 
 RUN = Path(__file__).with_name("hit_tracking_run.py")
 

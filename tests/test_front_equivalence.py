@@ -40,7 +40,7 @@ from fairpool.api.manifests import load_manifests
 from fairpool.front import Flight, FrontListener, FrontRequest, Rejection, Settlement
 from fairpool.sched.routers import RouteDecision
 from fairpool.sim.fleet import Fleet
-from fairpool.sim.run import SimOptions, fleet_config
+from fairpool.sim.run import SimulationOptions, fleet_config
 from fairpool.sim.trace import Segment, TraceRequest
 from fairpool_engine.sim.options import SimOptions as EngineOptions
 from fairpool_engine.sim.server import ServerThread
@@ -183,7 +183,7 @@ def manifests(path: Path, replicas: int) -> Path:
 
 
 def simulate(file: Path, requests: list[TraceRequest], cold_start: float = 0.0) -> Decisions:
-    config = fleet_config(SimOptions(pool=str(file), tenants=str(file), profile=PROFILE))
+    config = fleet_config(SimulationOptions(pool=str(file), tenants=str(file), profile=PROFILE))
     fleet = Fleet(dataclasses.replace(config, cold_start=cold_start))
     decisions = Decisions()
     fleet.front.listeners.append(decisions)

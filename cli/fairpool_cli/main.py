@@ -350,9 +350,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from fairpool.sim.run import SimOptions, run_command
+    from fairpool.sim.run import SimulationOptions, run_command
 
-    options = SimOptions(
+    options = SimulationOptions(
         trace=args.trace,
         workload=args.workload,
         workers=args.workers,

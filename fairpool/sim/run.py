@@ -26,7 +26,7 @@ from fairpool.sim.trace import TraceRequest, read_trace, write_trace
 
 
 @dataclass(frozen=True)
-class SimOptions:
+class SimulationOptions:
     """What `fairpool sim` was asked. Workers, policy, router and quanta left None come
     from `pool` (an InferencePool manifest) when one is given, else from the defaults."""
 
@@ -48,7 +48,7 @@ class SimOptions:
     workload_params: dict[str, object] = field(default_factory=dict)
 
 
-def load_requests(options: SimOptions) -> list[TraceRequest]:
+def load_requests(options: SimulationOptions) -> list[TraceRequest]:
     if (options.trace is None) == (options.workload is None):
         raise ConfigError("--trace", "give exactly one of --trace FILE and --workload NAME")
     if options.trace is not None:
@@ -67,7 +67,7 @@ def load_requests(options: SimOptions) -> list[TraceRequest]:
 
 
 def simulate(
-    options: SimOptions,
+    options: SimulationOptions,
     requests: list[TraceRequest],
     progress: Callable[[float], None] | None = None,
 ) -> tuple[Fleet, dict[str, Any]]:
@@ -89,7 +89,7 @@ def simulate(
     return fleet, recorder.summary(fairness_bound=bound)
 
 
-def fleet_config(options: SimOptions) -> FleetConfig:
+def fleet_config(options: SimulationOptions) -> FleetConfig:
     """The fleet `options` describe: the profile's engines; tenants' weights and hard
     limits from TenantQuota YAML; the pool's scheduler, routing (the gateway's saturation
     thresholds, fair queue and timeout included) and replicas from an InferencePool
@@ -144,7 +144,7 @@ def pool_settings(spec: InferencePoolSpec) -> dict[str, Any]:
 
 
 def run_command(
-    options: SimOptions,
+    options: SimulationOptions,
     json_out: str | None,
     plot_out: str | None,
     write_trace_out: str | None,
@@ -170,7 +170,9 @@ def run_command(
     return summary
 
 
-def summary_table(options: SimOptions, config: FleetConfig, summary: dict[str, Any]) -> Table:
+def summary_table(
+    options: SimulationOptions, config: FleetConfig, summary: dict[str, Any]
+) -> Table:
     source = options.trace or options.workload
     title = (
         f"{source}: {config.workers} worker(s), policy {config.policy}, "

@@ -38,7 +38,13 @@ from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcom
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.openapi import openapi_document
 from fairpool_gateway.pool import Pool, hold
-from fairpool_gateway.protocol import APIS, Api, GatewayError, ParsedRequest, parse_request
+from fairpool_gateway.protocol import (
+    ENDPOINTS,
+    Endpoint,
+    GatewayError,
+    ParsedRequest,
+    parse_request,
+)
 from fairpool_gateway.proxy import (
     StreamRelay,
     UpstreamFailed,
@@ -57,7 +63,7 @@ REQUEST_ID = "x-request-id"
 
 
 def tenant_app(gateway: Gateway) -> Starlette:
-    def endpoint(api: Api) -> Route:
+    def route(api: Endpoint) -> Route:
         async def serve(request: Request) -> Response:
             return await generate(gateway, request, api)
 
@@ -80,7 +86,7 @@ def tenant_app(gateway: Gateway) -> Starlette:
 
     return Starlette(
         routes=[
-            *(endpoint(api) for api in APIS),
+            *(route(api) for api in ENDPOINTS),
             Route("/v1/models", models, methods=["GET"]),
             Route("/openapi.json", openapi, methods=["GET"]),
             *probe_routes(gateway),
@@ -146,7 +152,7 @@ class Exchange:
             self.flight.settle(outcome)
 
 
-async def generate(gateway: Gateway, request: Request, api: Api) -> Response:
+async def generate(gateway: Gateway, request: Request, api: Endpoint) -> Response:
     """Serve one request of `api`: every endpoint is this same path over the pool's front."""
     exchange = Exchange(
         gateway, request.headers.get(REQUEST_ID) or uuid.uuid4().hex, api.path, time.monotonic()

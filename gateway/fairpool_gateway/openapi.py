@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fairpool_gateway.protocol import APIS
+from fairpool_gateway.protocol import ENDPOINTS
 
 ERROR_STATUSES = {
     "400": "The body is not valid JSON or a field is invalid (the error names it).",
@@ -49,7 +49,7 @@ class ModelList(BaseModel):
 
 def _schemas() -> dict[str, Any]:
     schemas: dict[str, Any] = {}
-    models: list[type[BaseModel]] = [api.request for api in APIS]
+    models: list[type[BaseModel]] = [api.request for api in ENDPOINTS]
     models += [ErrorResponse, ModelList]
     for model in models:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -126,7 +126,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             **{
                 api.path: _generation(api.summary, api.request.__name__, api.stream is not None)
-                for api in APIS
+                for api in ENDPOINTS
             },
             "/v1/models": {
                 "get": {

@@ -240,7 +240,7 @@ RESPONSE_EVENTS = StreamFormat(
 
 
 @dataclass(frozen=True)
-class Api:
+class Endpoint:
     """One endpoint of the tenant API: its requests and, if it streams, how."""
 
     path: str
@@ -249,17 +249,17 @@ class Api:
     stream: StreamFormat | None  # None: never streamed
 
 
-APIS = (
-    Api("/v1/chat/completions", "Chat completion", ChatCompletionRequest, CHUNKS),
-    Api("/v1/completions", "Text completion", CompletionRequest, CHUNKS),
-    Api("/v1/responses", "Response (the Responses API)", ResponsesRequest, RESPONSE_EVENTS),
-    Api("/v1/embeddings", "Embeddings", EmbeddingsRequest, None),
+ENDPOINTS = (
+    Endpoint("/v1/chat/completions", "Chat completion", ChatCompletionRequest, CHUNKS),
+    Endpoint("/v1/completions", "Text completion", CompletionRequest, CHUNKS),
+    Endpoint("/v1/responses", "Response (the Responses API)", ResponsesRequest, RESPONSE_EVENTS),
+    Endpoint("/v1/embeddings", "Embeddings", EmbeddingsRequest, None),
 )
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    api: Api
+    api: Endpoint
     document: dict[str, Any]  # the body as sent, to forward
     request: TenantRequest
     prompt: str
@@ -273,7 +273,7 @@ class ParsedRequest:
         return max(1, tokens_for_chars(len(self.prompt)))
 
 
-def parse_request(body: bytes, api: Api) -> ParsedRequest:
+def parse_request(body: bytes, api: Endpoint) -> ParsedRequest:
     """The request in `body`; a 400 naming the field otherwise."""
     try:
         document = json.loads(body)

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from fairpool.front import Usage
+
 
 def random_id() -> str:
     """vLLM's `random_uuid()`: 16 hex digits."""
@@ -31,35 +33,31 @@ def sse(document: dict[str, Any]) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
+def usage_full(usage: Usage) -> dict[str, Any]:
+    """As in a whole response, with vLLM's --enable-prompt-tokens-details."""
+    return {
+        **usage_counts(usage),
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "created_cache_tokens": None,
+            "multimodal_tokens": None,
+        },
+        "completion_tokens_details": None,
+    }
 
-    def full(self) -> dict[str, Any]:
-        """As in a whole response, with vLLM's --enable-prompt-tokens-details."""
-        return {
-            **self.counts(),
-            "prompt_tokens_details": {
-                "cached_tokens": self.cached_tokens,
-                "created_cache_tokens": None,
-                "multimodal_tokens": None,
-            },
-            "completion_tokens_details": None,
-        }
 
-    def final_chunk(self) -> dict[str, Any]:
-        """As in the usage chunk that ends a stream (`include_usage`)."""
-        return {**self.counts(), "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+def usage_final_chunk(usage: Usage) -> dict[str, Any]:
+    """As in the usage chunk that ends a stream (`include_usage`)."""
+    return {**usage_counts(usage), "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
-    def counts(self) -> dict[str, Any]:
-        """As in every chunk with `continuous_usage_stats` (completions)."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
+
+def usage_counts(usage: Usage) -> dict[str, Any]:
+    """As in every chunk with `continuous_usage_stats` (completions)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "completion_tokens": usage.completion_tokens,
+    }
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ def completion_response(
         "choices": [choice],
         "service_tier": None,
         "system_fingerprint": None,
-        "usage": usage.full(),
+        "usage": usage_full(usage),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": None,
@@ -128,11 +126,15 @@ class CompletionChunks:
         return self._with_usage({**_start(self.header, self.object), "choices": [choice]}, usage)
 
     def usage(self, usage: Usage) -> dict[str, Any]:
-        return {**_start(self.header, self.object), "choices": [], "usage": usage.final_chunk()}
+        return {
+            **_start(self.header, self.object),
+            "choices": [],
+            "usage": usage_final_chunk(usage),
+        }
 
     def _with_usage(self, chunk: dict[str, Any], usage: Usage | None) -> dict[str, Any]:
         if usage is not None:
-            chunk["usage"] = usage.counts()
+            chunk["usage"] = usage_counts(usage)
         return chunk
 
 
@@ -165,7 +167,7 @@ def chat_response(
         "choices": [choice],
         "service_tier": None,
         "system_fingerprint": None,
-        "usage": usage.full(),
+        "usage": usage_full(usage),
         "prompt_logprobs": None,
         "prompt_token_ids": None,
         "prompt_text": None,
@@ -210,7 +212,7 @@ class ChatChunks(CompletionChunks):
 
     def _with_usage(self, chunk: dict[str, Any], usage: Usage | None) -> dict[str, Any]:
         if usage is not None:  # chat's continuous usage also sets completion_tokens_details
-            chunk["usage"] = {**usage.counts(), "completion_tokens_details": None}
+            chunk["usage"] = {**usage_counts(usage), "completion_tokens_details": None}
         return chunk
 
 

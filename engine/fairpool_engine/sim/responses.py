@@ -18,7 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fairpool_engine.sim.bodies import Usage, random_id
+from fairpool.front import Usage
+from fairpool_engine.sim.bodies import random_id
 from fairpool_engine.sim.protocol import ResponsesRequest
 
 

@@ -47,6 +47,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from fairpool.api.scheduler_config import CONFIG_ENV, TENANT_XARG, tenant_of
+from fairpool.front import Usage
 from fairpool.runtime import tune_collector_for_serving
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.profiles import get_profile
@@ -57,7 +58,6 @@ from fairpool_engine.sim.bodies import (
     ChatChunks,
     CompletionChunks,
     ResponseHeader,
-    Usage,
     chat_response,
     completion_response,
     dumps,
@@ -162,7 +162,7 @@ class Job:
         return filler(self.seed, start, stop)
 
     def usage(self, generation: Generation, completion_tokens: int) -> Usage:
-        return Usage(len(self.tokens), completion_tokens, generation.cached_tokens)
+        return Usage(len(self.tokens), generation.cached_tokens, completion_tokens)
 
 
 class StreamCut(Exception):

@@ -32,6 +32,7 @@ from typing import Any
 from vllm.logger import init_logger
 
 from fairpool.api.scheduler_config import tenant_of
+from fairpool.sched.cost import Tokens
 from fairpool.sched.requests import Request as PolicyRequest
 from fairpool.sched.requests import Running
 from fairpool_engine.live import LiveScheduler
@@ -330,7 +331,11 @@ class FairSchedulingMixin:
                 continue
             actual = int(new.num_computed_tokens)
             if actual != estimate:
-                policy.correct_charge(new.req_id, policy.cost.extend_weight * (estimate - actual))
+                prompt = self.requests[new.req_id].num_prompt_tokens
+                correction = policy.cost.correction(  # hits never pass the prompt
+                    Tokens(extend=max(prompt - estimate, 0)), Tokens(extend=max(prompt - actual, 0))
+                )
+                policy.correct_charge(new.req_id, correction)
             if self._trace is not None:
                 self._record(
                     "admit",

@@ -153,6 +153,7 @@ def manifests(path: Path, replicas: int) -> Path:
                     "policy": "d2lpm",
                     "saturation": {"maxOutstanding": 1, "maxWaiting": 1000, "maxKvUsage": 1.0},
                     "queueTimeoutSeconds": 600,
+                    "waitForWorkers": True,  # a pool starting holds its requests
                 },
             },
         }
@@ -253,7 +254,7 @@ def test_one_at_a_time_over_two_workers_routes_and_limits_alike(tmp_path):
     servers: list[ServerThread] = []
     with engine(servers), engine(servers), gateway_for(file, servers) as running:
         decisions = Decisions()
-        running.gateway.pools["main"].front.listeners.append(decisions)
+        running.gateway.listeners.append(decisions)
         for index, request in enumerate(requests):
             wait_until(lambda: engines_idle(running, 2))
             serve(running, index, request)
@@ -279,7 +280,7 @@ def test_a_pool_that_starts_late_releases_its_queue_alike(tmp_path):
     server = engine(servers)  # its port is bound, not yet listening: the worker is down
     with gateway_for(file, servers) as running:
         decisions = Decisions()
-        running.gateway.pools["main"].front.listeners.append(decisions)
+        running.gateway.listeners.append(decisions)
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
             answers = []
             for index, request in enumerate(requests):

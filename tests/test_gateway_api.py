@@ -102,7 +102,7 @@ def test_errors_have_openai_bodies_and_the_right_statuses(pool):
         assert api.post("/v1/completions", json=completion("hi")).status_code == 200
 
 
-def test_a_tenant_limited_to_other_pools_gets_403():
+def test_a_model_the_tenant_may_not_use_is_answered_as_one_that_does_not_exist():
     with engines(1) as workers:
         urls = [worker.url for worker in workers]
         config = gateway_config(urls, [tenant_entry("flood")])
@@ -112,8 +112,11 @@ def test_a_tenant_limited_to_other_pools_gets_403():
         config = type(config).model_validate(document)
         with gateway(config) as running, client(running, "flood") as api:
             refused = api.post("/v1/completions", json=completion("hi"))
-            assert refused.status_code == 403
-            assert refused.json()["error"]["code"] == "model_not_allowed"
+            missing = api.post("/v1/completions", json={**completion("hi"), "model": "nope"})
+            # 404 for both: the answer never tells a tenant what others may use.
+            assert refused.status_code == missing.status_code == 404
+            assert refused.json()["error"]["code"] == missing.json()["error"]["code"]
+            assert refused.json()["error"]["code"] == "model_not_found"
             assert [m["id"] for m in api.get("/v1/models").json()["data"]] == ["m2"]
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from fake_worker import IDLE, FakeWorker, vllm_metrics
 from gateway_helpers import (
     MODEL,
     async_client,
@@ -197,15 +198,34 @@ def test_limits_answer_429_with_retry_after():
             assert gateway_metric(running, "fairpool_gateway_rejections_total", reason="queued")
 
 
-def test_a_worker_failing_before_the_first_byte_is_retried_on_another():
-    with engines(1, error_rate=1.0) as broken, engines(1) as healthy:
-        urls = [broken[0].url, healthy[0].url]
-        config = gateway_config(urls, [tenant_entry("light")])
+def test_a_worker_that_cannot_be_reached_is_taken_out_and_the_request_retried_on_another():
+    """A worker that looks healthy but drops every request before answering: the first
+    request routed there is sent again to the other worker, and the dropping one leaves
+    rotation (until a health check brings it back: the fake's health is fine, so the test
+    allows it to be tried again, each time retried)."""
+    with FakeWorker() as dropping, engines(1) as healthy:
+        dropping.metrics_body = vllm_metrics(loads=IDLE)  # as idle as the engine
+        config = gateway_config([dropping.url, healthy[0].url], [tenant_entry("light")])
         with gateway(config) as running, client(running, "light") as api:
             for index in range(6):
                 response = api.post("/v1/completions", json=completion(f"retry me {index}"))
                 assert response.status_code == 200, response.text
-            assert gateway_metric(running, "fairpool_gateway_retries_total") >= 1
+            retries = gateway_metric(running, "fairpool_gateway_retries_total")
+            assert retries == dropping.dropped >= 1
+
+
+def test_an_engine_error_is_the_requests_failure_not_the_workers():
+    """A 5xx the engine answers to one request (engine-sim --error-rate 1) is that
+    request's 502; the worker stays in rotation and nothing is retried."""
+    with engines(1, error_rate=1.0) as (broken,):
+        config = gateway_config([broken.url], [tenant_entry("light")])
+        with gateway(config) as running, client(running, "light") as api:
+            for index in range(3):
+                response = api.post("/v1/completions", json=completion(f"fail {index}"))
+                assert response.status_code == 502
+                assert response.json()["error"]["code"] == "engine_error"
+            assert gateway_metric(running, "fairpool_gateway_retries_total") == 0
+            assert broken.url in running.gateway.pools["main"].front.router.workers
 
 
 @contextlib.contextmanager

@@ -10,14 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from fake_worker import FakeWorker, vllm_metrics
 from polling import DEADLINE, eventually, wait_until
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
@@ -78,20 +76,6 @@ def out_of_rotation(monitor: WorkerMonitor, url: str) -> Callable[[], bool]:
 
 
 # --- parsing ----------------------------------------------------------------------------------
-
-
-def vllm_metrics(kv_name: str = "vllm:kv_cache_usage_perc") -> str:
-    """A /metrics page as a two-engine (data-parallel) vLLM writes it."""
-    registry = CollectorRegistry()
-    labels = ("model_name", "engine")
-    waiting = Gauge("vllm:num_requests_waiting", "w", labels, registry=registry)
-    running = Gauge("vllm:num_requests_running", "r", labels, registry=registry)
-    kv = Gauge(kv_name, "kv", labels, registry=registry)
-    for engine, (w, r, usage) in enumerate([(3, 5, 0.5), (1, 2, 0.25)]):
-        waiting.labels("m", str(engine)).set(w)
-        running.labels("m", str(engine)).set(r)
-        kv.labels("m", str(engine)).set(usage)
-    return generate_latest(registry).decode()
 
 
 def test_load_sums_queues_over_engines_and_averages_kv_usage() -> None:
@@ -286,51 +270,6 @@ def test_a_hung_engine_leaves_rotation_at_its_first_failed_check_and_returns(
                 await eventually(in_rotation(monitor, url))
 
     asyncio.run(scenario())
-
-
-class FakeWorker:
-    """A tiny real HTTP server: /health answers 200 (when `health_answers` is set; the
-    test can hold it), /metrics what the test sets."""
-
-    def __init__(self) -> None:
-        self.health_asked = threading.Event()
-        self.health_answers = threading.Event()
-        self.health_answers.set()
-        self.metrics_status = 200
-        self.metrics_body = vllm_metrics()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                status, body = fake.health() if self.path == "/health" else fake.metrics()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def health(self) -> tuple[int, bytes]:
-        self.health_asked.set()
-        self.health_answers.wait(DEADLINE)
-        return 200, b""
-
-    def metrics(self) -> tuple[int, bytes]:
-        return self.metrics_status, self.metrics_body.encode()
-
-    def __enter__(self) -> FakeWorker:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.health_answers.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_report_failure_takes_a_worker_out_until_a_check_that_starts_after_it() -> None:

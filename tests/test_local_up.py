@@ -186,13 +186,14 @@ def test_fairpool_load_through_fairpool_up_gets_shares_close_to_the_weights(tmp_
 
     # The example, at a pace this machine keeps up with beside the load generator: real-time
     # engines, 4 requests per engine before requests wait in the gateway's fair queue, and
-    # routed to the least loaded engine, so that a request the queue releases goes where
-    # there is room (D2LPM routes by credit, and can pick a full engine while the other
-    # has room: the queue, counting room over both, then lets through more than they hold).
+    # the pool holding requests while no engine is in rotation (as the test makes it).
     manifests = tmp_path / "slow.yaml"
     text = EXAMPLE.read_text().replace("speedup: 4", "speedup: 1")
-    text = text.replace("policy: d2lpm", "policy: least_load")
-    manifests.write_text(text.replace("maxOutstanding: 8", "maxOutstanding: 4"))
+    text = text.replace(
+        "saturation: {maxOutstanding: 8}",
+        "saturation: {maxOutstanding: 4}\n    waitForWorkers: true",
+    )
+    manifests.write_text(text)
     admin = f"http://127.0.0.1:{free_port()}"
     running = Up(manifests, free_port(), "--admin-port", admin.rsplit(":", 1)[1])
     tenants = (

@@ -109,6 +109,13 @@ class GatewayPool(Spec):
         default_factory=list,
         description="For placement pools: the chains' capacities and rates, by worker URL.",
     )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        alias="maxModelLen",
+        description="The model's context: the output reserved against tokensPerMinute for a "
+        "request that sets no output limit.",
+    )
 
     @model_validator(mode="after")
     def _chains_are_workers(self) -> GatewayPool:
@@ -152,14 +159,68 @@ class GatewayTenant(Spec):
 
 
 class Timeouts(Spec):
-    """Seconds; every upstream call has one."""
+    """Seconds; every upstream call has one. Running out of one is the request's failure,
+    not the worker's: only a worker that cannot be reached leaves rotation (and health
+    checks take out one that stops answering)."""
 
     connect: float = Field(default=2.0, gt=0, description="Connecting to a worker.")
     first_byte: float = Field(
-        default=300.0, gt=0, alias="firstByte", description="Until the worker starts answering."
+        default=300.0,
+        gt=0,
+        alias="firstByte",
+        description="Until a streamed answer starts (the engine may queue the request).",
+    )
+    total: float = Field(
+        default=900.0, gt=0, description="Until a non-streamed answer has arrived whole."
     )
     idle: float = Field(default=60.0, gt=0, description="Between two chunks of a stream.")
     health: float = Field(default=1.0, gt=0, description="A health or metrics poll.")
+
+
+class ClientLimits(Spec):
+    """What one client connection and one request may cost the gateway before it is
+    refused: bounds on time and on the work of parsing, checked before anything else."""
+
+    header_timeout: float = Field(
+        default=10.0, gt=0, alias="headerTimeout", description="Seconds to send the headers."
+    )
+    body_timeout: float = Field(
+        default=30.0, gt=0, alias="bodyTimeout", description="Seconds to send the body (408)."
+    )
+    write_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        alias="writeTimeout",
+        description="Longest a stream waits for its client to read; then it is cut.",
+    )
+    max_connections: int = Field(
+        default=4096, ge=1, alias="maxConnections", description="Open connections (then 503)."
+    )
+    max_json_objects: int = Field(
+        default=20_000,
+        ge=10,
+        alias="maxJsonObjects",
+        description="JSON objects in a request body (a 400 beyond): each costs far more "
+        "memory parsed than its bytes.",
+    )
+    max_json_numbers: int = Field(
+        default=600_000,
+        ge=10,
+        alias="maxJsonNumbers",
+        description="Numbers in a request body (token ids: a 128k-token prompt is 128k).",
+    )
+    max_json_depth: int = Field(
+        default=64, ge=4, le=500, alias="maxJsonDepth", description="Nesting of a request body."
+    )
+    max_messages: int = Field(
+        default=4096, ge=1, alias="maxMessages", description="Messages or input items."
+    )
+    max_choices: int = Field(
+        default=8, ge=1, alias="maxChoices", description="`n` and `best_of`, each."
+    )
+    max_logprobs: int = Field(
+        default=20, ge=0, alias="maxLogprobs", description="`logprobs`/`top_logprobs`."
+    )
 
 
 class GatewayConfig(Spec):
@@ -168,6 +229,9 @@ class GatewayConfig(Spec):
         default_factory=lambda: Address(port=8081), description="The admin API (keep private)."
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts.")
+    clients: ClientLimits = Field(
+        default_factory=ClientLimits, description="Bounds on what clients may cost."
+    )
     health_interval: float = Field(
         default=0.5, gt=0, le=10, alias="healthInterval", description="Seconds between polls."
     )
@@ -254,6 +318,7 @@ def gateway_pool(
         cost=pool.spec.scheduler.cost,
         workers=source,
         chains=chains or [],
+        maxModelLen=pool.spec.model.max_model_len,
     )
 
 

@@ -176,6 +176,19 @@ class RoutingSpec(Spec):
         alias="queueTimeoutSeconds",
         description="Longest a request waits in the gateway's fair queue before a 429.",
     )
+    wait_for_workers: bool = Field(
+        default=False,
+        alias="waitForWorkers",
+        description="While no model server is in rotation (starting, or scaled to zero), "
+        "hold requests in the fair queue instead of answering 503 at once.",
+    )
+    share_cache_across_tenants: bool = Field(
+        default=False,
+        alias="shareCacheAcrossTenants",
+        description="Let tenants share prefix-cache entries (and routing by them). Off, each "
+        "tenant's prompts are cached apart (vLLM's cache_salt), so no tenant can learn "
+        "from cache hits or timing what another sent.",
+    )
 
     @field_validator("policy")
     @classmethod

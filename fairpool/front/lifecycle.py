@@ -101,6 +101,9 @@ class Outcome:
     usage: Usage | None = None
     first_token_at: float | None = None
     reason: str | None = None
+    #: Without usage: the output to charge, when the front end knows better than what
+    #: was observed (a request whose output could not be seen is charged its reservation).
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,7 @@ class PoolFront:
         queue_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         on_release: Callable[[Flight], None] | None = None,
+        wait_for_workers: bool = True,
     ) -> None:
         self.name = name
         self.router = router
@@ -271,9 +275,12 @@ class PoolFront:
         #: When a worker counts as full; None: never (only a router's own room limits).
         self.saturation = saturation
         self.queue_timeout = queue_timeout
+        #: While no worker is in rotation: queue requests (True), or refuse them (NoWorker).
+        self.wait_for_workers = wait_for_workers
         self.clock = clock
         self.on_release = on_release
         self.listeners: list[FrontListener] = []
+        self._flights: dict[str, Flight] = {}  # every flight not settled yet
         self._queued: dict[str, Flight] = {}
         self._releasing = False
         self._release_again = False
@@ -320,6 +327,7 @@ class PoolFront:
             queue_timeout=routing.queue_timeout_seconds,
             clock=clock,
             on_release=on_release,
+            wait_for_workers=routing.wait_for_workers,
         )
 
     # ------------------------------------------------------------------ requests
@@ -327,7 +335,10 @@ class PoolFront:
     def arrive(self, request: FrontRequest) -> Flight:
         """Admit `request` under its tenant's limits and dispatch it, or queue it while the
         pool is saturated. Raises `Rejection` (counted nowhere but by the listeners) when a
-        hard limit or the queue limit refuses it."""
+        hard limit or the queue limit refuses it, and `NoWorker` (settled) when no worker
+        is in rotation and the front does not wait for one."""
+        if request.request_id in self._flights:
+            raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
         reserved = request.input_tokens + (request.output_limit or 0)
         try:
             ticket = self.limiter.admit(request.tenant, request.limits, reserved)
@@ -335,6 +346,11 @@ class PoolFront:
             self._tell_rejected(request, rejection)
             raise
         flight = Flight(self, request, ticket)
+        self._flights[request.request_id] = flight
+        if not self.router.workers and not self.wait_for_workers:
+            flight.phase = Phase.DISPATCHED  # admitted, and no worker to take it
+            flight.settle(Outcome(status=503, reason="no_worker"))
+            raise NoWorker(f"pool {self.name!r} has no model server in rotation")
         scheduled = Request(
             request.request_id,
             request.tenant,
@@ -348,10 +364,12 @@ class PoolFront:
             else:
                 self.queue.enqueue(scheduled, request.limits.queued)
         except Rejection as rejection:
+            del self._flights[request.request_id]
             self.limiter.settle(ticket, 0)
             self._tell_rejected(request, rejection)
             raise
         except BaseException:
+            del self._flights[request.request_id]
             self.limiter.settle(ticket, 0)
             raise
         if flight.phase is Phase.DISPATCHED:
@@ -361,6 +379,15 @@ class PoolFront:
             for listener in self.listeners:
                 listener.queued(flight)
         return flight
+
+    def unused_id(self, wanted: str) -> str:
+        """`wanted` if no flight of this front has it, else `wanted` with a suffix that
+        makes it unique (a client's request id is not trusted to be)."""
+        request_id, number = wanted, 1
+        while request_id in self._flights:
+            number += 1
+            request_id = f"{wanted}~{number}"
+        return request_id
 
     def release_waiting(self) -> None:
         """Capacity may have freed: release queued flights in fair order while the pool
@@ -494,6 +521,7 @@ class PoolFront:
     def _settle(self, flight: Flight, outcome: Outcome) -> Settlement:
         was = flight.phase
         flight.phase = Phase.SETTLED
+        self._flights.pop(flight.request_id, None)
         if was is Phase.QUEUED:
             self._queued.pop(flight.request_id, None)
             self.queue.withdraw(flight.request_id)
@@ -515,7 +543,10 @@ class PoolFront:
                 usage.completion_tokens,
             )
         elif worker is not None:
-            prompt, cached, completion = request.input_tokens, 0, flight.output_tokens
+            completion = flight.output_tokens
+            if outcome.output_tokens is not None:
+                completion = max(completion, outcome.output_tokens)
+            prompt, cached = request.input_tokens, 0
         else:
             prompt = cached = completion = 0
         return Settlement(

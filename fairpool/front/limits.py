@@ -101,6 +101,25 @@ class TenantLimiter:
             raise max(refusals, key=lambda refusal: refusal.retry_after)
         return self._count(tenant, usage, estimated_tokens, now)
 
+    def check(self, tenant: str, limits: TenantLimits) -> None:
+        """Raise the `Rejection` that `admit` would for the request-rate or concurrency
+        limit, counting nothing: a front end checks it before it pays for reading and
+        parsing a request whose size (for the token limit) it does not know yet."""
+        now = self._clock()
+        usage = self._usage.get(tenant)
+        if usage is None:
+            return
+        refusals = [
+            refusal
+            for refusal in (
+                self._check_requests(usage, limits.requests_per_minute, now),
+                self._check_concurrent(usage, limits.concurrent),
+            )
+            if refusal is not None
+        ]
+        if refusals:
+            raise max(refusals, key=lambda refusal: refusal.retry_after)
+
     def settle(self, ticket: Ticket, actual_tokens: int | None = None) -> None:
         """The request is over: it no longer counts as in progress and, with
         `actual_tokens`, its tokens-per-minute entry holds those instead of the estimate.

@@ -28,6 +28,7 @@ from fairpool.front import (
     FairQueue,
     Flight,
     FrontRequest,
+    NoWorker,
     Outcome,
     PoolFront,
     Rejection,
@@ -75,8 +76,10 @@ class FleetConfig:
     limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     rpm_limit: int | None = None  # requests per minute for tenants without `limits`
     # Seconds before the engines join the pool's rotation (a pool starting, or waking from
-    # zero): requests that arrive earlier wait in the front's queue.
+    # zero): requests that arrive earlier wait in the front's queue, or with
+    # `wait_for_workers` off are refused (503), as the gateway's pool option says.
     cold_start: float = 0.0
+    wait_for_workers: bool = True
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # e.g. alpha, beta
 
     def __post_init__(self) -> None:
@@ -167,6 +170,7 @@ class Fleet:
             queue_timeout=config.queue_timeout,
             clock=clock,
             on_release=self._submit,
+            wait_for_workers=config.wait_for_workers,
         )
         # Completions reaching the front and queue timeouts: (time, sequence, event).
         self._front_events: list[tuple[float, int, Callable[[], None]]] = []
@@ -264,7 +268,7 @@ class Fleet:
         )
         try:
             flight = self.front.arrive(front_request)
-        except Rejection:
+        except (Rejection, NoWorker):
             self.recorder.rejected(request)
             return
         self.recorder.arrived(request)

@@ -140,6 +140,7 @@ def pool_settings(spec: InferencePoolSpec) -> dict[str, Any]:
         "saturation": routing.saturation,
         "queue_policy": routing.queue_policy,
         "queue_timeout": routing.queue_timeout_seconds,
+        "wait_for_workers": routing.wait_for_workers,
     }
 
 

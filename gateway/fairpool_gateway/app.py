@@ -31,10 +31,11 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayTenant
 from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcome, Rejection
+from fairpool_gateway.body import check_shape, load_json, prepare
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.openapi import openapi_document
 from fairpool_gateway.pool import Pool, hold
@@ -43,20 +44,24 @@ from fairpool_gateway.protocol import (
     Endpoint,
     GatewayError,
     ParsedRequest,
-    parse_request,
+    bad_request,
+    validate,
 )
 from fairpool_gateway.proxy import (
+    EngineError,
     StreamRelay,
-    UpstreamFailed,
+    UpstreamTimeout,
+    WorkerUnreachable,
     read_whole,
     send,
-    upstream_body,
-    upstream_timeout,
 )
 
 T = TypeVar("T")
 log = logging.getLogger("fairpool.gateway")
 REQUEST_ID = "x-request-id"
+#: Output reserved against tokens per minute for a request that sets no output limit, in a
+#: pool that does not say its model's context (`maxModelLen`).
+DEFAULT_OUTPUT_RESERVATION = 4096
 
 
 # ---------------------------------------------------------------------- tenant API
@@ -100,9 +105,15 @@ def probe_routes(gateway: Gateway) -> list[Route]:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        """Ready once serving, whatever the pools' workers: a pool without one answers 503
+        for its own requests, and never takes the gateway out of service."""
+        pools = {
+            name: {"workersInRotation": len(pool.front.router.workers)}
+            for name, pool in gateway.pools.items()
+        }
         ready = gateway.ready
         return JSONResponse(
-            {"status": "ready" if ready else "no pool has a worker in rotation yet"},
+            {"status": "ready" if ready else "starting", "pools": pools},
             status_code=200 if ready else 503,
         )
 
@@ -130,13 +141,14 @@ class Exchange:
     """One request on its way through the gateway."""
 
     gateway: Gateway
-    request_id: str
+    request_id: str  # the client's x-request-id, echoed back
     path: str
     arrival: float
     tenant: GatewayTenant | None = None
     pool: Pool | None = None
     parsed: ParsedRequest | None = None
     flight: Flight | None = None
+    sent: bool = False  # handed to a worker (which may be serving it)
     streaming: bool = False  # the answer's stream settles the flight from here on
 
     @property
@@ -152,22 +164,44 @@ class Exchange:
             self.flight.settle(outcome)
 
 
-async def generate(gateway: Gateway, request: Request, api: Endpoint) -> Response:
-    """Serve one request of `api`: every endpoint is this same path over the pool's front."""
-    exchange = Exchange(
-        gateway, request.headers.get(REQUEST_ID) or uuid.uuid4().hex, api.path, time.monotonic()
-    )
+async def generate(gateway: Gateway, request: Request, endpoint: Endpoint) -> Response:
+    """Serve one request of `endpoint`: every endpoint is this same path over the pool's
+    front. What a request costs the gateway is bounded before it is paid: the key is
+    checked on the headers, the tenant's request-rate and concurrency limits before the
+    body is read, the body's read time and size, and its parse (`body.load_json`)."""
+    exchange = Exchange(gateway, client_request_id(request), endpoint.path, time.monotonic())
+    clients = gateway.config.clients
     try:
-        body = await read_body(request, gateway.config.max_request_bytes)
         exchange.tenant = gateway.tenants.authenticate(request.headers.get("authorization"))
-        exchange.parsed = parse_request(body, api)
-        exchange.pool = choose_pool(gateway, exchange.tenant, exchange.parsed.request.model)
+        gateway.limiter.check(exchange.tenant.tenant, exchange.tenant.limits)
+        raw = await read_body(request, gateway.config.max_request_bytes, clients.body_timeout)
+        document = load_json(raw, clients)
+        del raw
+        exchange.pool = choose_pool(gateway, exchange.tenant, document.get("model"))
+        check_shape(document, clients)
+        exchange.parsed = prepare(
+            document,
+            validate(document, endpoint),
+            endpoint,
+            exchange.tenant.tenant,
+            share_cache=exchange.pool.spec.routing.share_cache_across_tenants,
+        )
+        del document  # a queued request keeps only what it still needs
+    except Rejection as rejection:  # the limiter's check, before the body
+        return refuse_early(exchange, rejection)
     except GatewayError as error:
         return refuse(exchange, error)
     except ClientDisconnect:
         return Response(status_code=CLIENT_CLOSED)
     response = await unless_client_leaves(request.receive, settled_on_every_path(exchange))
     return response or Response(status_code=CLIENT_CLOSED)
+
+
+def client_request_id(request: Request) -> str:
+    """The client's `x-request-id`, echoed back and logged; a new one if it sent none (or
+    one over 128 characters). The front keys its requests by their own ids (`arrive`)."""
+    given = request.headers.get(REQUEST_ID)
+    return given if given and len(given) <= 128 else uuid.uuid4().hex
 
 
 async def settled_on_every_path(exchange: Exchange) -> Response:
@@ -177,7 +211,7 @@ async def settled_on_every_path(exchange: Exchange) -> Response:
     try:
         response = await admit_and_forward(exchange)
     except asyncio.CancelledError:
-        exchange.settle(Outcome(status=CLIENT_CLOSED, reason="client_closed"))
+        exchange.settle(client_left(exchange))
         raise
     except BaseException:
         exchange.settle(Outcome(status=500, reason="internal_error"))
@@ -187,16 +221,31 @@ async def settled_on_every_path(exchange: Exchange) -> Response:
     return response
 
 
+def client_left(exchange: Exchange) -> Outcome:
+    """What a request whose client left before its answer is charged. Sent to a worker
+    without a stream to count its output, it is charged its whole output reservation: the
+    gateway cannot see what the engine produced before it aborted, and charging less
+    would let a tenant slip past its limits by hanging up. Otherwise nothing more than
+    what was observed."""
+    flight, parsed = exchange.flight, exchange.parsed
+    if exchange.sent and not exchange.streaming and flight is not None and parsed is not None:
+        reserved = flight.request.output_limit or 0
+        return Outcome(CLIENT_CLOSED, reason="client_closed", output_tokens=reserved)
+    if flight is not None and flight.decision is not None and not exchange.sent:
+        flight.undispatch()  # routed, never sent: nothing served
+    return Outcome(CLIENT_CLOSED, reason="client_closed")
+
+
 async def admit_and_forward(exchange: Exchange) -> Response:
     """Hard limits, then the fair queue; 429 with Retry-After when either refuses."""
     tenant, pool, parsed = exchange.tenant, exchange.pool, exchange.parsed
     assert tenant is not None and pool is not None and parsed is not None
     request = FrontRequest(
-        exchange.request_id,
+        pool.front.unused_id(exchange.request_id),
         tenant.tenant,
-        parsed.prompt,
+        parsed.key,
         parsed.estimated_input_tokens,
-        parsed.request.output_limit(),
+        output_reservation(parsed, pool),
         tenant.limits,
         arrival=exchange.arrival,
     )
@@ -211,6 +260,21 @@ async def admit_and_forward(exchange: Exchange) -> Response:
     except NoWorker as error:
         return error_response(unavailable(pool, str(error)), exchange.request_id)
     return await forward(exchange)
+
+
+def output_reservation(parsed: ParsedRequest, pool: Pool) -> int:
+    """The output a request may produce, reserved against its tenant's tokens per minute
+    until the engine reports what it produced: its output limit (for each answer it asks
+    for), or when it sets none what the model's context leaves after the prompt (the pool's
+    `maxModelLen`; DEFAULT_OUTPUT_RESERVATION when the pool does not say)."""
+    limit = parsed.output_limit
+    if limit is None:
+        context = pool.spec.max_model_len
+        if context is None:
+            limit = DEFAULT_OUTPUT_RESERVATION
+        else:
+            limit = max(context - parsed.estimated_input_tokens, 1)
+    return limit * parsed.choices
 
 
 def limit_error(rejection: Rejection) -> GatewayError:
@@ -271,15 +335,22 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes (413) within `timeout` seconds (408)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large(limit)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large(limit)
+    except TimeoutError:
+        raise GatewayError(
+            HTTPStatus.REQUEST_TIMEOUT, f"The request body did not arrive within {timeout:g} s."
+        ) from None
     return bytes(body)
 
 
@@ -289,24 +360,30 @@ def too_large(limit: int) -> GatewayError:
     )
 
 
-def choose_pool(gateway: Gateway, tenant: GatewayTenant, model: str) -> Pool:
+def choose_pool(gateway: Gateway, tenant: GatewayTenant, model: object) -> Pool:
+    """The pool serving `model`. A model the tenant may not use is answered like one that
+    does not exist (404): the answer never tells a tenant what others may use."""
+    if not isinstance(model, str) or not model:
+        raise bad_request("model: a non-empty string is required", "model")
     pool = gateway.pool_for_model(model)
-    if pool is None:
+    if pool is None or not tenant.may_use(pool.name):
         raise GatewayError(
             HTTPStatus.NOT_FOUND,
             f"The model `{model}` does not exist.",
             param="model",
             code="model_not_found",
         )
-    if not tenant.may_use(pool.name):
-        raise GatewayError(
-            HTTPStatus.FORBIDDEN,
-            f"Tenant {tenant.tenant!r} may not use the model `{model}`.",
-            "permission_error",
-            param="model",
-            code="model_not_allowed",
-        )
     return pool
+
+
+def refuse_early(exchange: Exchange, rejection: Rejection) -> Response:
+    """Answer a request its tenant's limits refused before its body was read, telling the
+    pools' listeners as a front tells them of its own refusals (the pool is not known)."""
+    assert exchange.tenant is not None
+    request = FrontRequest(exchange.request_id, exchange.tenant.tenant, "", 0)
+    for listener in exchange.gateway.listeners:
+        listener.rejected("none", request, rejection)
+    return error_response(limit_error(rejection), exchange.request_id)
 
 
 def refuse(exchange: Exchange, error: GatewayError) -> Response:
@@ -322,63 +399,85 @@ def refuse(exchange: Exchange, error: GatewayError) -> Response:
 
 async def forward(exchange: Exchange) -> Response:
     """Send the dispatched request to its worker and relay the answer."""
-    parsed = exchange.parsed
-    assert parsed is not None and exchange.tenant is not None
-    stream_format = parsed.api.stream if parsed.stream else None
-    ask_for_usage = stream_format is not None and stream_format.asks_for_usage
-    body = upstream_body(parsed.document, exchange.tenant.tenant, ask_for_usage)
+    parsed, flight = exchange.parsed, exchange.flight
+    assert parsed is not None and flight is not None
     try:
-        upstream = await open_upstream(exchange, body)
+        upstream = await open_upstream(exchange)
     except GatewayError as error:
         return error_response(error, exchange.request_id)
     headers = {REQUEST_ID: exchange.request_id}
-    if upstream.status >= 400 or stream_format is None:
+    stream_format = parsed.endpoint.stream
+    if upstream.status >= 400 or not parsed.stream or stream_format is None:
         return await relay_whole(exchange, upstream, headers)
-    flight = exchange.flight
-    assert flight is not None
+    timeouts = exchange.gateway.config.timeouts
     relay = StreamRelay(
-        upstream, stream_format, parsed.request.wants_usage_chunk(), flight.observe_output
+        upstream,
+        stream_format,
+        parsed.wants_usage_chunk,
+        timeouts.idle,
+        on_output=flight.observe_output,
+        on_end=exchange.settle,  # the engine is done: settle now, whatever the client reads
     )
     exchange.streaming = True
-    return RelayResponse(exchange, relay, headers=headers, media_type="text/event-stream")
+    write_timeout = exchange.gateway.config.clients.write_timeout
+    return RelayResponse(exchange, relay, write_timeout, headers=headers)
 
 
-async def open_upstream(exchange: Exchange, body: bytes) -> aiohttp.ClientResponse:
-    """The worker's response; a failure before its first byte is retried once elsewhere.
-    When no worker answers, the flight is settled (nothing served) and GatewayError raised."""
-    gateway, pool, parsed, flight = (
-        exchange.gateway,
-        exchange.pool,
-        exchange.parsed,
-        exchange.flight,
-    )
+async def open_upstream(exchange: Exchange) -> aiohttp.ClientResponse:
+    """The worker's response. A worker that cannot be reached is taken out of rotation
+    and the request tried once more elsewhere; an engine's 5xx or a timeout ends the
+    request (502, 504) and leaves the worker in rotation. The flight is settled when no
+    answer comes, and GatewayError raised."""
+    gateway, pool, parsed = exchange.gateway, exchange.pool, exchange.parsed
+    flight = exchange.flight
     assert pool is not None and parsed is not None and flight is not None
     timeouts = gateway.config.timeouts
-    timeout = upstream_timeout(
-        timeouts.connect, timeouts.idle if parsed.stream else timeouts.first_byte
-    )
+    answer_timeout = timeouts.first_byte if parsed.stream else timeouts.total
     failure = "no worker in rotation"
-    status = HTTPStatus.SERVICE_UNAVAILABLE
     for attempt in range(2):
         try:
             decision = flight.decision or flight.redispatch()
         except NoWorker:
             break
         worker = decision.worker
+        exchange.sent = True
         try:
             return await send(
-                gateway.session, worker + exchange.path, body, timeout, exchange.request_id
+                gateway.session,
+                worker + exchange.path,
+                parsed.upstream,
+                timeouts.connect,
+                answer_timeout,
+                flight.request_id,
             )
-        except UpstreamFailed as error:
-            failure, status = f"{worker}: {error}", HTTPStatus.BAD_GATEWAY
+        except WorkerUnreachable as error:
+            exchange.sent = False
+            failure = f"{worker}: {error}"
             log.warning(
-                "worker failed before the first byte",
+                "worker unreachable",
                 extra={"request_id": exchange.request_id, "worker": worker, "error": str(error)},
             )
             flight.undispatch()  # nothing served there
             pool.worker_failed(worker, str(error))
             if attempt == 0:
                 gateway.metrics.retries.labels(pool.name).inc()
+        except EngineError as error:
+            flight.settle(Outcome(status=502, reason="engine_error"))
+            raise GatewayError(
+                HTTPStatus.BAD_GATEWAY,
+                f"The model server failed this request ({error}).",
+                "server_error",
+                code="engine_error",
+            ) from None
+        except UpstreamTimeout as error:
+            flight.settle(Outcome(status=504, reason="upstream_timeout"))
+            raise GatewayError(
+                HTTPStatus.GATEWAY_TIMEOUT,
+                f"The model server did not answer in time ({error}).",
+                "server_error",
+                code="upstream_timeout",
+            ) from None
+    status = HTTPStatus.SERVICE_UNAVAILABLE if not flight.decision else HTTPStatus.BAD_GATEWAY
     flight.settle(Outcome(status=int(status), reason="upstream_unavailable"))
     raise unavailable(pool, failure, status)
 
@@ -386,12 +485,14 @@ async def open_upstream(exchange: Exchange, body: bytes) -> aiohttp.ClientRespon
 async def relay_whole(
     exchange: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
 ) -> Response:
+    timeout = exchange.gateway.config.timeouts.total
     try:
-        content, usage = await read_whole(upstream)
-    except UpstreamFailed as error:
-        exchange.settle(Outcome(status=502, reason="upstream_failed"))
+        content, usage = await read_whole(upstream, timeout)
+    except (EngineError, UpstreamTimeout) as error:
+        status = 504 if isinstance(error, UpstreamTimeout) else 502
+        exchange.settle(Outcome(status=status, reason="upstream_failed"))
         failure = GatewayError(
-            HTTPStatus.BAD_GATEWAY, f"The model server failed: {error}", "server_error"
+            HTTPStatus(status), f"The model server failed: {error}", "server_error"
         )
         return error_response(failure, exchange.request_id)
     exchange.settle(Outcome(upstream.status, usage, first_token_at=time.monotonic()))
@@ -405,15 +506,24 @@ async def relay_whole(
 
 class RelayResponse(StreamingResponse):
     """A relayed stream. It stops, and closes the engine's stream, as soon as the client
-    leaves (whatever ASGI version the server speaks), so the engine aborts the request; and
-    it settles the request's flight when it ends, however it ends."""
+    leaves (whatever ASGI version the server speaks) or stops reading for `write_timeout`
+    seconds, so the engine aborts the request; and it settles the request's flight when
+    it ends, however it ends (the engine finishing settles it earlier: `StreamRelay`)."""
 
     def __init__(
-        self, exchange: Exchange, relay: StreamRelay, headers: dict[str, str], media_type: str
+        self,
+        exchange: Exchange,
+        relay: StreamRelay,
+        write_timeout: float,
+        headers: dict[str, str],
     ) -> None:
-        super().__init__(relay.chunks(time.monotonic), headers=headers, media_type=media_type)
+        super().__init__(
+            relay.chunks(time.monotonic), headers=headers, media_type="text/event-stream"
+        )
         self.exchange = exchange
         self.relay = relay
+        self.write_timeout = write_timeout
+        self.stalled = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -423,10 +533,27 @@ class RelayResponse(StreamingResponse):
             await iterator.aclose()
             self.relay.close()
             self.exchange.settle(self.relay.outcome())
+            if self.stalled:
+                log.warning(
+                    "stream cut: the client stopped reading",
+                    extra={"request_id": self.exchange.request_id, "seconds": self.write_timeout},
+                )
 
     async def _relay(self, send: Send) -> None:
-        with contextlib.suppress(OSError):  # the client went away mid-send
-            await self.stream_response(send)
+        async def send_or_stall(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self.write_timeout):
+                    await send(message)
+            except TimeoutError:
+                self.stalled = True
+                raise _Stalled from None
+
+        with contextlib.suppress(OSError, _Stalled):  # the client went away, or stalled
+            await self.stream_response(send_or_stall)
+
+
+class _Stalled(Exception):
+    pass
 
 
 # ---------------------------------------------------------------------- admin API

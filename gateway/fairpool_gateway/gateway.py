@@ -13,7 +13,7 @@ import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.files import FileWatch
-from fairpool.front import TenantLimiter
+from fairpool.front import FrontListener, TenantLimiter
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
@@ -33,6 +33,9 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.metrics.add_state(self._deficits, self._queues, self._workers)
         self.ledger = RequestLedger(self.metrics)
+        #: What every pool's front tells (one list, shared by all pools): the metrics and
+        #: log first; more may be added while the gateway runs.
+        self.listeners: list[FrontListener] = [self.ledger]
         self._session: aiohttp.ClientSession | None = None  # to the workers; made in start()
         # Health checks get their own connections: queued behind busy streams, a check
         # would time out and take a healthy worker out of rotation.
@@ -67,8 +70,9 @@ class Gateway:
 
     @property
     def ready(self) -> bool:
-        """Every pool has a worker in rotation."""
-        return bool(self.pools) and all(pool.front.router.workers for pool in self.pools.values())
+        """Serving: started with its configuration. Whether a pool has workers is that
+        pool's business (its requests get 503), never the whole gateway's."""
+        return self._session is not None
 
     def pool_for_model(self, model: str) -> Pool | None:
         return self._by_model.get(model)
@@ -97,7 +101,7 @@ class Gateway:
                 del self.pools[name]
         for name, spec in wanted.items():
             if name not in self.pools:
-                pool = Pool(spec, config, weights, self.limiter, self.ledger, self.health_client)
+                pool = Pool(spec, config, weights, self.limiter, self.listeners, self.health_client)
                 pool.start()
                 self.pools[name] = pool
             self.pools[name].set_weights(weights)

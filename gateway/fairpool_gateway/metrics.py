@@ -191,12 +191,13 @@ class RequestLedger(FrontListener):
         if settlement.dispatched_at is not None:
             waited = settlement.dispatched_at - settlement.arrival
             self.metrics.queue_time.labels(tenant, pool).observe(waited)
-        if settlement.worker is not None and status < 400:
+        if settlement.worker is not None:  # what the tenant was charged, however it ended
             tokens = self.metrics.tokens
             tokens.labels(tenant, pool, "prompt").inc(settlement.prompt_tokens)
             tokens.labels(tenant, pool, "cached").inc(settlement.cached_tokens)
             tokens.labels(tenant, pool, "completion").inc(settlement.completion_tokens)
             self.metrics.service.labels(tenant, pool).inc(settlement.service)
+        if settlement.worker is not None and status < 400:
             elapsed = settlement.finished_at - settlement.arrival
             self.metrics.latency.labels(tenant, pool).observe(elapsed)
             if settlement.first_token_at is not None:

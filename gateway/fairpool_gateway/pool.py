@@ -39,7 +39,7 @@ class Pool:
         config: GatewayConfig,
         weights: Mapping[str, float],
         limiter: TenantLimiter,
-        listener: FrontListener,
+        listeners: list[FrontListener],
         health_client: httpx.AsyncClient,
     ) -> None:
         self.spec = spec
@@ -57,7 +57,7 @@ class Pool:
             saturated_when=spec.routing.saturation,
             on_release=_wake,
         )
-        self.front.listeners.append(listener)
+        self.front.listeners = listeners  # the gateway's, shared by its pools
         self.monitor = WorkerMonitor(
             health_client,
             interval=config.health_interval,

@@ -257,37 +257,34 @@ ENDPOINTS = (
 )
 
 
-@dataclass(frozen=True)
-class ParsedRequest:
-    api: Endpoint
-    document: dict[str, Any]  # the body as sent, to forward
-    request: TenantRequest
-    prompt: str
-
-    @property
-    def stream(self) -> bool:
-        return self.api.stream is not None and self.request.streams()
-
-    @property
-    def estimated_input_tokens(self) -> int:
-        return max(1, tokens_for_chars(len(self.prompt)))
-
-
-def parse_request(body: bytes, api: Endpoint) -> ParsedRequest:
-    """The request in `body`; a 400 naming the field otherwise."""
+def validate(document: dict[str, Any], endpoint: Endpoint) -> TenantRequest:
+    """The request model of `endpoint` over a parsed body; a 400 naming the field."""
     try:
-        document = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise bad_request(f"The body is not valid JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise bad_request("The body must be a JSON object.")
-    try:
-        request = api.request.model_validate(document)
+        return endpoint.request.model_validate(document)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"]) or None
         raise bad_request(f"{field}: {first['msg']}" if field else first["msg"], field) from None
-    return ParsedRequest(api, document, request, request.prompt_text())
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What the gateway keeps of a request while it waits: the engine's body, written
+    already, and the few facts admission and routing need. The client's document and the
+    validated model are not kept (a queued request holds no more than it must)."""
+
+    endpoint: Endpoint
+    upstream: bytes  # the body to send to the engine
+    key: str  # the routing key: the prompt, after the tenant where caches are kept apart
+    prompt_chars: int  # what the input estimate counts
+    stream: bool
+    wants_usage_chunk: bool
+    output_limit: int | None
+    choices: int  # answers asked for (n, best_of): each may produce output_limit tokens
+
+    @property
+    def estimated_input_tokens(self) -> int:
+        return max(1, tokens_for_chars(self.prompt_chars))
 
 
 def error_body(status: HTTPStatus, message: str, error_type: str) -> bytes:

@@ -1,0 +1,221 @@
+"""Reading a tenant's request body at a bounded cost, and writing the engine's.
+
+A body is hostile until proven otherwise, so its cost is bounded before it is paid:
+
+- parsing stops as soon as the body holds more than `maxJsonObjects` objects or
+  `maxJsonNumbers` numbers (the C parser calls back for each), so a 4 MB body of tiny
+  messages is refused after twenty thousand, not after allocating 133,000 dicts; a body
+  nested deeper than the parser's recursion limit, or a number of thousands of digits, is a
+  400 too, never a 500;
+- its shape is checked on the parsed document before the request model validates it
+  (the model's work grows with every message): message or input-item count, `n` and
+  `best_of`, `logprobs`;
+- the engine's body is written as UTF-8, which a lone surrogate (`"\\ud800"`, valid JSON
+  but not valid text) cannot be: such a body is a 400 naming the field, instead of an
+  engine error that would look like a failing worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from fairpool.api.gateway_config import ClientLimits
+from fairpool.api.scheduler_config import TENANT_XARG, XARG_PREFIX
+from fairpool_gateway.protocol import (
+    Endpoint,
+    GatewayError,
+    ParsedRequest,
+    TenantRequest,
+    bad_request,
+)
+
+#: Fields a request may ask several answers with; each is capped at `maxChoices`.
+CHOICES_FIELDS = ("n", "best_of")
+#: Fields that ask for log-probabilities; each is capped at `maxLogprobs`.
+LOGPROB_FIELDS = ("logprobs", "top_logprobs")
+#: Fields that hold a request's messages or input items.
+LIST_FIELDS = ("messages", "input")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def load_json(body: bytes, limits: ClientLimits) -> dict[str, Any]:
+    """The JSON object in `body`, parsed at a bounded cost; a 400 otherwise."""
+    objects, numbers = limits.max_json_objects, limits.max_json_numbers
+
+    def an_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal objects
+        objects -= 1
+        if objects < 0:
+            raise _TooLarge(f"more than {limits.max_json_objects} JSON objects")
+        return dict(pairs)
+
+    def a_number(parse: Any) -> Any:
+        def counted(text: str) -> Any:
+            nonlocal numbers
+            numbers -= 1
+            if numbers < 0:
+                raise _TooLarge(f"more than {limits.max_json_numbers} numbers")
+            return parse(text)
+
+        return counted
+
+    try:
+        document = json.loads(
+            body,
+            object_pairs_hook=an_object,
+            parse_int=a_number(int),
+            parse_float=a_number(float),
+        )
+    except _TooLarge as error:
+        raise bad_request(f"The body has {error}.") from None
+    except RecursionError:
+        raise bad_request("The body is nested too deeply.") from None
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError, huge integers
+        raise bad_request(f"The body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise bad_request("The body must be a JSON object.")
+    depth = _depth(document)
+    if depth > limits.max_json_depth:
+        raise bad_request(
+            f"The body is nested {depth} levels deep; at most {limits.max_json_depth}."
+        )
+    return document
+
+
+def check_shape(document: dict[str, Any], limits: ClientLimits) -> None:
+    """What a request asks of the engine, bounded before the request model reads it."""
+    for name in LIST_FIELDS:
+        items = document.get(name)
+        if isinstance(items, list) and len(items) > limits.max_messages:
+            raise bad_request(
+                f"{name}: at most {limits.max_messages} items, got {len(items)}", name
+            )
+    for name, cap in (
+        *((field, limits.max_choices) for field in CHOICES_FIELDS),
+        *((field, limits.max_logprobs) for field in LOGPROB_FIELDS),
+    ):
+        value = document.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            raise bad_request(f"{name}: at most {cap}, got {value}", name)
+
+
+def prepare(
+    document: dict[str, Any],
+    request: TenantRequest,
+    endpoint: Endpoint,
+    tenant: str,
+    share_cache: bool,
+) -> ParsedRequest:
+    """What the gateway keeps of a validated request: the engine's body, and what
+    admission and routing need. Unless the pool shares its prefix cache across tenants,
+    the tenant's prompts get a cache salt of their own, and its routing key starts with
+    the tenant, so neither a cache hit nor a routing choice depends on another tenant."""
+    stream = endpoint.stream is not None and request.streams()
+    ask_for_usage = stream and endpoint.stream is not None and endpoint.stream.asks_for_usage
+    salt = None if share_cache else cache_salt(tenant, document.get("cache_salt"))
+    prompt = request.prompt_text()
+    return ParsedRequest(
+        endpoint=endpoint,
+        upstream=upstream_body(document, tenant, ask_for_usage, salt),
+        key=prompt if share_cache else f"{tenant}\0{prompt}",
+        prompt_chars=len(prompt),
+        stream=stream,
+        wants_usage_chunk=request.wants_usage_chunk(),
+        output_limit=request.output_limit(),
+        choices=choices(document),
+    )
+
+
+def cache_salt(tenant: str, client_salt: object) -> str:
+    """The `cache_salt` a tenant's requests carry: a digest of the tenant (and of the
+    client's own salt, which so keeps its meaning within the tenant). vLLM keys its prefix
+    cache's blocks by the salt, so no two tenants share a cached block. At most 128
+    characters, none of vLLM's forbidden ones."""
+    if client_salt is not None and (not isinstance(client_salt, str) or not client_salt):
+        raise bad_request("cache_salt: must be a non-empty string", "cache_salt")
+    seed = tenant if client_salt is None else f"{tenant}\0{client_salt}"
+    return "fairpool-" + hashlib.sha256(seed.encode(errors="surrogatepass")).hexdigest()[:48]
+
+
+def choices(document: dict[str, Any]) -> int:
+    """How many answers the request asks for (`n`, `best_of`): each may produce its output
+    limit, so each is reserved against the tenant's tokens per minute."""
+    asked = [document.get(name) for name in CHOICES_FIELDS]
+    return max([1, *(value for value in asked if isinstance(value, int) and value > 0)])
+
+
+def upstream_body(
+    document: dict[str, Any], tenant: str, ask_for_usage: bool, cache_salt: str | None
+) -> bytes:
+    """The body for the engine: the client's, with the tenant tag (replacing any
+    `fairpool_*` the client sent, so nobody can speak for another tenant), the tenant's
+    cache salt where caches are kept apart, and, where the stream needs asking, the usage
+    chunk requested. `vllm_xargs` and `stream_options` are objects (the request models
+    checked). A 400 naming the field if some text is not valid Unicode."""
+    xargs = {
+        key: value
+        for key, value in (document.get("vllm_xargs") or {}).items()
+        if not str(key).startswith(XARG_PREFIX)
+    }
+    xargs[TENANT_XARG] = tenant
+    body = {**document, "vllm_xargs": xargs}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    if ask_for_usage:
+        body["stream_options"] = {**(document.get("stream_options") or {}), "include_usage": True}
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise _invalid_text(document) from None
+
+
+def _invalid_text(document: dict[str, Any]) -> GatewayError:
+    for path, value in _strings(document, ()):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            field = ".".join(path) or None
+            return bad_request(
+                f"{field}: not valid Unicode text (a lone surrogate)"
+                if field
+                else "The body is not valid Unicode text (a lone surrogate).",
+                field,
+            )
+    return bad_request("The body is not valid Unicode text (a lone surrogate).")
+
+
+def _strings(value: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every string in a document (keys too), with where it is."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield path, key
+            yield from _strings(item, (*path, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, (*path, str(index)))
+
+
+def _depth(document: Any) -> int:
+    """How deeply a parsed document nests (an object or array counts one level)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest

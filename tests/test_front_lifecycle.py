@@ -596,3 +596,36 @@ def test_vtc_bound_holds_every_ledger_settles_and_no_request_is_lost(events, wei
     assert all(front.limiter.state(t)["concurrent"] == 0 for t in TENANTS)
     dispatched = [rid for rid, outcome in model.outcome.items() if outcome in ("served", "cut")]
     assert len(dispatched) == len(set(dispatched))
+
+
+@pytest.mark.parametrize("prompts", ["diverging", "long"])
+def test_the_routing_tree_stays_within_its_memory_bound(prompts):
+    """The gateway bounds each pool's prefix tree in bytes, not characters: prompts that
+    diverge character by character make many small nodes, each far dearer than its text."""
+    import random
+    import string
+    import tracemalloc
+
+    from fairpool.api.inference_pool import RoutingSpec
+
+    bound = 1 << 20
+    front = PoolFront.for_routing(
+        "main", RoutingSpec(), COST, {}, TenantLimiter(), max_tree_bytes=bound
+    )
+    front.set_rotation(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    stream = random.Random(7)
+    tracemalloc.start()
+    try:
+        for number in range(4000):
+            if prompts == "diverging":
+                key = "".join(stream.choices("ab", k=80))
+            else:
+                key = "".join(stream.choices(string.ascii_letters, k=2000))
+            flight = front.arrive(FrontRequest(f"r{number}", "t", key, 10, 1))
+            flight.settle(Outcome(200, Usage(10, 0, 1)))
+        tree = tracemalloc.Filter(True, "*/fairpool/sched/radix.py")
+        held = tracemalloc.take_snapshot().filter_traces([tree]).statistics("filename")
+    finally:
+        tracemalloc.stop()
+    assert front.router.cache_size() > 0
+    assert sum(stat.size for stat in held) < 1.2 * bound

@@ -238,11 +238,12 @@ class GatewayConfig(Spec):
     max_request_bytes: int = Field(
         default=4 << 20, ge=1024, alias="maxRequestBytes", description="Largest request body."
     )
-    max_tree_chars: int = Field(
-        default=1 << 24,
-        ge=1024,
-        alias="maxTreeChars",
-        description="Characters of prompt text the routing prefix tree of a pool may hold.",
+    max_tree_bytes: int = Field(
+        default=64 << 20,
+        ge=1 << 16,
+        alias="maxTreeBytes",
+        description="Memory each pool's routing prefix tree may hold, estimated from what "
+        "its text and its nodes cost (about a byte a character and 600 bytes a node).",
     )
     pools: list[GatewayPool] = Field(default_factory=list, description="Pools served.")
     tenants: list[GatewayTenant] = Field(default_factory=list, description="Tenant table.")

@@ -50,7 +50,7 @@ class Pool:
             spec.cost.model(),
             weights,
             limiter,
-            max_tree_tokens=config.max_tree_chars,
+            max_tree_bytes=config.max_tree_bytes,
             chains={
                 chain.url: ChainProfile(chain.capacity, chain.service_rate) for chain in spec.chains
             },

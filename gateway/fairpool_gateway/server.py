@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.runtime import tune_collector_for_serving
 from fairpool_gateway.app import admin_app, tenant_app
+from fairpool_gateway.connections import HeaderDeadlineProtocol
 from fairpool_gateway.gateway import Gateway
 
 log = logging.getLogger("fairpool.gateway")
@@ -102,8 +103,11 @@ def make_server(
     freeze: bool = False,
 ) -> uvicorn.Server:
     app = GatewayASGI(gateway, admin_socket.getsockname()[1], freeze)
+    clients = gateway.config.clients
     config = uvicorn.Config(
         app,
+        http=HeaderDeadlineProtocol.with_header_timeout(clients.header_timeout),
+        limit_concurrency=clients.max_connections,
         lifespan="on",
         log_config=None,
         access_log=False,

@@ -226,12 +226,39 @@ class StreamOptions(BaseModel):
 XargValue = str | int | float | list[str | int | float]
 
 
+#: vLLM's limits on `cache_salt` (`validate_cache_salt`).
+_MAX_SALT = 128
+_SALT_FORBIDDEN = set("@/\\\0")
+
+
 class ServedRequest(BaseModel):
-    """Fields of every request engine-sim serves: the model, and the tenant's xargs."""
+    """Fields of every request engine-sim serves: the model, the tenant's xargs, and the
+    prefix cache's salt (vLLM keys cached blocks by it: requests with different salts
+    never share a cached prefix)."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     vllm_xargs: dict[str, XargValue] | None = None
+    cache_salt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _salt(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("cache_salt") is None:
+            return data
+        salt = data["cache_salt"]
+        if not isinstance(salt, str) or not salt:
+            raise RequestError(
+                "Parameter 'cache_salt' must be a non-empty string if provided.",
+                parameter="cache_salt",
+            )
+        if len(salt) > _MAX_SALT or _SALT_FORBIDDEN & set(salt):
+            raise RequestError(
+                "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                "'@', '/', '\\\\', or NUL.",
+                parameter="cache_salt",
+            )
+        return data
 
     def check_supported(self) -> None:
         """Refuse bad fairpool xargs (and, in subclasses, what engine-sim cannot serve)."""
@@ -508,10 +535,6 @@ class ResponsesRequest(ServedRequest):
 
 # ---------------------------------------------------------------------- embeddings
 
-#: vLLM's limits on `cache_salt` (`validate_cache_salt`).
-_MAX_SALT = 128
-_SALT_FORBIDDEN = set("@/\\\0")
-
 
 class EmbeddingRequest(ServedRequest):
     """vLLM 0.32's `EmbeddingCompletionRequest`, with the fields engine-sim reads."""
@@ -524,26 +547,6 @@ class EmbeddingRequest(ServedRequest):
     user: str | None = None
     request_id: str | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-    cache_salt: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _salt(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("cache_salt") is None:
-            return data
-        salt = data["cache_salt"]
-        if not isinstance(salt, str) or not salt:
-            raise RequestError(
-                "Parameter 'cache_salt' must be a non-empty string if provided.",
-                parameter="cache_salt",
-            )
-        if len(salt) > _MAX_SALT or _SALT_FORBIDDEN & set(salt):
-            raise RequestError(
-                "Parameter 'cache_salt' must be at most 128 characters and must not contain "
-                "'@', '/', '\\\\', or NUL.",
-                parameter="cache_salt",
-            )
-        return data
 
     def check_supported(self) -> None:
         super().check_supported()

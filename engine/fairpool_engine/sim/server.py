@@ -384,7 +384,8 @@ class SimServer:
             return refused
         cut_after = self.faults.cut_after(job.output_tokens) if fault == "crash" else None
         tenant = tenant_of(job.request.vllm_xargs)
-        generation = self.runner.submit(tenant, job.tokens, job.max_tokens, job.output_tokens)
+        cached_as = salted(job.tokens, job.request.cache_salt)  # the salt keys the cache
+        generation = self.runner.submit(tenant, cached_as, job.max_tokens, job.output_tokens)
         if job.request.stream:
             events = self._events(job, generation, cut_after)
             return BodyStream(events, "text/event-stream", lambda: self.runner.abort(generation))

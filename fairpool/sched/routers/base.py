@@ -237,8 +237,14 @@ class PrefixRouter(Router):
         workers: Iterable[str] = (),
         max_tree_tokens: int = DEFAULT_TREE_TOKENS,
         min_match: int = 0,
+        max_tree_nodes: int | None = None,
     ) -> None:
-        self.tree = RadixTree(max_tokens=require_count("max_tree_tokens", max_tree_tokens, 1))
+        if max_tree_nodes is not None:
+            require_count("max_tree_nodes", max_tree_nodes, 1)
+        self.tree = RadixTree(
+            max_tokens=require_count("max_tree_tokens", max_tree_tokens, 1),
+            max_nodes=max_tree_nodes,
+        )
         #: Shorter matches count as none: an engine reuses whole KV blocks only, so a few
         #: shared characters ("You are") are no reason to pick a worker.
         self.min_match = require_count("min_match", min_match)

@@ -32,6 +32,7 @@ class CacheAware(PrefixRouter):
         balance_rel_threshold: float = 1.5,
         max_tree_tokens: int = DEFAULT_TREE_TOKENS,
         min_match: int = 0,
+        max_tree_nodes: int | None = None,
     ) -> None:
         threshold = require_non_negative("cache_threshold", cache_threshold)
         if threshold > 1:
@@ -43,7 +44,7 @@ class CacheAware(PrefixRouter):
         self.balance_rel_threshold = require_positive(
             "balance_rel_threshold", balance_rel_threshold
         )
-        super().__init__(workers, max_tree_tokens, min_match)
+        super().__init__(workers, max_tree_tokens, min_match, max_tree_nodes)
 
     def is_imbalanced(self) -> bool:
         loads = [state.outstanding for state in self.workers.values()]

@@ -120,13 +120,14 @@ class D2LPM(PrefixRouter):
         weights: TenantWeights | None = None,
         max_tree_tokens: int = DEFAULT_TREE_TOKENS,
         min_match: int = 0,
+        max_tree_nodes: int | None = None,
     ) -> None:
         self.worker_quantum = require_positive("worker_quantum", worker_quantum)
         self.cost = cost or CostModel()
         self.weights = weights or TenantWeights()
         self.deficits: dict[str, WorkerDeficits] = defaultdict(lambda: WorkerDeficits(self.workers))
         self.refill_rounds = 0
-        super().__init__(workers, max_tree_tokens, min_match)
+        super().__init__(workers, max_tree_tokens, min_match, max_tree_nodes)
 
     def tenant_quantum(self, tenant: str) -> float:
         return self.worker_quantum * self.weights[tenant]

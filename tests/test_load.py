@@ -32,11 +32,11 @@ from sim_http import metric
 
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.trace import TraceRequest, write_trace
-from fairpool_cli.load import LoadResult, LoadSpec, PromptShape, TenantSpec, run_load
+from fairpool_cli.load import LoadResult, LoadSpec, PromptShape, RequestResult, TenantSpec, run_load
 from fairpool_cli.load.live import LiveView
 from fairpool_cli.load.prompts import TraceText, prompt_source, request_body
 from fairpool_cli.load.spec import check_url
-from fairpool_cli.load.stats import Outcome, TenantStats
+from fairpool_cli.load.stats import TenantStats
 from fairpool_cli.load.tenants import (
     parse_tenant_flag,
     read_tenants_file,
@@ -507,8 +507,10 @@ def finished_result() -> LoadResult:
     result = LoadResult.begin(spec, "m")
     a, b = result.tenants["a"], result.tenants["b"]
     a.sent, a.active, b.active = 2, True, True
-    a.record(Outcome("ok", 0.1, 0.5, 100, 40, 10), spec.cost)
-    a.record(Outcome("limited"), spec.cost)
+    answered = RequestResult("a", started=0.0, first_token=0.1, ended=0.5, status=200)
+    answered.prompt_tokens, answered.cached_tokens, answered.completion_tokens = 100, 40, 10
+    a.record(answered, spec.cost)
+    a.record(RequestResult("a", status=429, error="limited"), spec.cost)
     result.sample()
     return result
 

@@ -1,7 +1,7 @@
 """`fairpool load`: its flags, the run they describe, and the command itself.
 
-This module imports only the core library and the load package's light modules, so that
-building `fairpool`'s parser does not need httpx.
+This module imports only the core library and the load package, which sends with its own
+HTTP client: building `fairpool`'s parser loads no HTTP library.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--trace", metavar="FILE", help="replay a trace in the simulator's format")
     add("--shape", default="shared-prefix", choices=SHAPES, help="prompt shape (shared-prefix)")
-    add("--api", default="chat", choices=APIS, help="chat or completions (chat)")
+    add("--api", default="chat", choices=APIS, help="the API to send to (chat)")
     defaults = PromptShape()
     add(
         "--prompt-tokens",

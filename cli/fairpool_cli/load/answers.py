@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from fairpool_cli.load.request import STREAM, RequestResult, category, now
 
 DONE = b"[DONE]"
+DONE_LINE = b"data: [DONE]"  # as servers write it, for the quick reader's search
 RESPONSE_ENDS = ("response.completed", "response.incomplete")
 RESPONSE_FAILS = ("response.failed", "error")
 OUTPUT_DELTA = "response.output_text.delta"
@@ -120,7 +121,7 @@ class QuickStream(WholeBody):
     def __init__(self, result: RequestResult, api: str) -> None:
         super().__init__(result)
         self.markers: tuple[bytes, ...] = (
-            tuple(end.encode() for end in RESPONSE_ENDS) if api == "responses" else (DONE,)
+            tuple(end.encode() for end in RESPONSE_ENDS) if api == "responses" else (DONE_LINE,)
         )
 
     def feed(self, data: bytes) -> None:

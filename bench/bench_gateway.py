@@ -53,10 +53,14 @@ Three measurements, each for every proxy:
    body's `vllm_xargs` tag, so the engines are fair among what each of them receives;
    through fairpool the gateway maps each tenant's API key to it.
 
-The load generator is `load_client.RawClient` (HTTP/1.1 on asyncio protocols) with the
-garbage collector off. httpx costs three times its CPU per streamed request (1.4 against
-0.5 ms at 200/s; `--calibrate` measures both) on the core the worker needs, and at
-400/s, worker and httpx client together no longer keep up (TTFT p99 5 s).
+The load generator is `fairpool load`'s (`fairpool_cli.load`): its `Sender` (HTTP/1.1 on
+asyncio protocols, reading only the first byte, the end and the usage of a stream),
+`open_loop` at seeded Poisson times and `closed_loop`, with the garbage collector off.
+`--calibrate` measures its CPU per streamed request, direct to a worker. The client
+shares a core with the worker, so its CPU is the worker's loss: httpx cost three times
+as much per streamed request (1.3 against 0.5 ms at 200/s, measured when the benchmark
+still had an httpx client to compare), and at 400/s worker and httpx client together
+no longer kept up (TTFT p99 5 s).
 
 Run: `python bench/bench_gateway.py` (about 15 minutes); `--quick` for a smoke run that
 records nothing; `--only NAME[,NAME...]` (`NAME:POLICY` for another routing policy)
@@ -70,6 +74,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import os
 import random
@@ -90,17 +95,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import write_results
-from load_client import (
-    CLIENTS,
-    Client,
-    Flood,
-    MakeRequest,
-    OutgoingRequest,
-    Sample,
-    closed_loop,
-    open_loop,
-    summary_ms,
-)
 from routers import (
     MODEL,
     PROXIES,
@@ -115,6 +109,17 @@ from routers import (
     get_proxy,
     running_proxy,
     start_engines,
+)
+
+from fairpool.sim.metrics import percentile
+from fairpool_cli.load import (
+    OutgoingRequest,
+    RequestResult,
+    Sender,
+    closed_loop,
+    now,
+    open_loop,
+    poisson,
 )
 
 GOAL_ADDED_P99_MS = 1.0
@@ -157,7 +162,6 @@ class Settings:
     #: every fairness case on this endpoint (None: chat, and completions too for SGLang)
     flood_endpoint: str | None = None
     flood_policy: str = "dlpm"
-    client: str = "raw"
     new_connections: bool = False
     proxy_cores: str | None = "1"
     worker_cores: str | None = "0"
@@ -168,6 +172,8 @@ class Settings:
 
 
 # ---------------------------------------------------------------------- requests
+
+MakeRequest = Callable[[int], OutgoingRequest]
 
 
 def question(number: int, words: int) -> str:
@@ -208,13 +214,90 @@ def request_maker(
                 {"role": "system", "content": system(tenant)},
                 {"role": "user", "content": question(number, words)},
             ]
-            path = "/v1/chat/completions"
         else:
             body["prompt"] = f"{system(tenant)}\n{question(number, words)}"
-            path = "/v1/completions"
-        return OutgoingRequest(tenant.name, path, json.dumps(body).encode(), headers)
+        return OutgoingRequest(tenant.name, endpoint, json.dumps(body).encode(), headers)
 
     return make
+
+
+def sender(host: str, port: int) -> Sender:
+    """The load generator's client of one target: reads a stream's first byte, its end
+    and its usage, not every event."""
+    return Sender(f"http://{host}:{port}/v1", parse_events=False)
+
+
+async def open_loop_results(
+    client: Sender, make: MakeRequest, rate: float, duration: float, seed: int
+) -> list[RequestResult]:
+    """Poisson arrivals at `rate` per second for `duration` seconds, each request in its
+    own task; every result, once the last request has ended."""
+    results: list[RequestResult] = []
+
+    async def one(number: int, due: float) -> None:
+        results.append(await client.send(make(number), due))
+
+    start = now()
+    await open_loop(one, poisson(rate, seed, start, start + duration))
+    return results
+
+
+async def closed_loop_results(
+    client: Sender, make: MakeRequest, concurrency: int, duration: float
+) -> list[RequestResult]:
+    """`concurrency` requests in flight for `duration` seconds (starts spread over the
+    first tenth of a second); the results of the requests that started in that time."""
+    end = now() + duration
+    numbers = itertools.count()
+    results: list[RequestResult] = []
+
+    async def one(_: int) -> None:
+        results.append(await client.send(make(next(numbers))))
+
+    await closed_loop(one, concurrency, lambda: now() < end, stagger=0.1)
+    return results
+
+
+@dataclass
+class Flood:
+    """Closed-loop streams of several tenants at once, each tenant with its concurrency
+    and each stream with its own client; every request that ends lands in `results`
+    until the flood is cancelled."""
+
+    streams: dict[str, tuple[int, MakeRequest]]
+    results: list[RequestResult] = field(default_factory=list)
+
+    async def run(self, client_for: Callable[[int], Sender]) -> None:
+        """Run until cancelled; `client_for(index)` gives each tenant's stream `index`
+        its client. Stream `index` of a tenant with concurrency C sends its requests
+        number index, index + C, ..., starting after 2 × index / C seconds."""
+
+        async def tenant_streams(concurrency: int, make: MakeRequest) -> None:
+            clients = [client_for(index) for index in range(concurrency)]
+            numbers = [itertools.count(index, concurrency) for index in range(concurrency)]
+
+            async def one(index: int) -> None:
+                request = make(next(numbers[index]))
+                self.results.append(await clients[index].send(request))
+
+            try:
+                await closed_loop(one, concurrency, stagger=2.0)
+            finally:
+                for client in clients:
+                    await client.close()
+
+        async with asyncio.TaskGroup() as group:
+            for concurrency, make in self.streams.values():
+                group.create_task(tenant_streams(concurrency, make))
+
+
+def summary_ms(values: list[float | None]) -> dict[str, float]:
+    """p50/p90/p99/max of seconds (nearest rank), in milliseconds; 0 for none."""
+    known = [value for value in values if value is not None]
+    return {
+        f"{name}_ms": round(1000 * (percentile(known, fraction) or 0.0), 3)
+        for name, fraction in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+    }
 
 
 # ---------------------------------------------------------------------- measuring
@@ -281,20 +364,22 @@ def quiet_check(seconds: float = 2.0) -> float:
     return Cpu.now(None, []).since(before)["other_cpu_cores"]
 
 
-def latency_row(samples: list[Sample], duration: float) -> dict[str, Any]:
-    ok = [sample for sample in samples if sample.ok]
-    errors = [sample.error for sample in samples if not sample.ok]
+def latency_row(results: list[RequestResult], duration: float) -> dict[str, Any]:
+    """TTFT is the first byte of the answer's body (the first chunk of a stream goes out
+    with the first token), total the end of the stream."""
+    ok = [result for result in results if result.ok]
+    errors = [f"{result.error}: {result.detail}" for result in results if not result.ok]
     return {
-        "requests": len(samples),
+        "requests": len(results),
         "ok": len(ok),
         "errors": len(errors),
-        "first_errors": sorted(set(str(error) for error in errors))[:3],
+        "first_errors": sorted(set(errors))[:3],
         "achieved_per_s": round(len(ok) / duration, 1),
-        "ttft": summary_ms([sample.ttft for sample in ok]),
-        "total": summary_ms([sample.total for sample in ok]),
-        "client_lag": summary_ms([sample.lag for sample in samples]),
+        "ttft": summary_ms([result.ttfb for result in ok]),
+        "total": summary_ms([result.latency for result in ok]),
+        "client_lag": summary_ms([result.lag for result in results]),
         "completion_tokens_mean": round(
-            statistics.fmean(sample.completion_tokens for sample in ok), 2
+            statistics.fmean(result.completion_tokens for result in ok), 2
         )
         if ok
         else 0,
@@ -305,8 +390,7 @@ async def measure_latency(
     running: RunningProxy, engines: list[Process], settings: Settings, rate: float
 ) -> dict[str, Any]:
     """Open-loop Poisson arrivals at `rate` through `running` (one target)."""
-    host, port = running.targets[0]
-    client = CLIENTS[settings.client](host, port)
+    client = sender(*running.targets[0])
     make = request_maker(
         running.proxy,
         LATENCY_TENANTS,
@@ -317,21 +401,20 @@ async def measure_latency(
     )
     try:
         if settings.warmup:
-            await open_loop(client, make, rate, settings.warmup, seed=7)
+            await open_loop_results(client, make, rate, settings.warmup, seed=7)
         before = Cpu.now(running, engines)
-        samples = await open_loop(client, make, rate, settings.duration, seed=1)
+        results = await open_loop_results(client, make, rate, settings.duration, seed=1)
         cpu = Cpu.now(running, engines).since(before)
     finally:
         await client.close()
-    return {"rate": rate, **latency_row(samples, settings.duration), **cpu}
+    return {"rate": rate, **latency_row(results, settings.duration), **cpu}
 
 
 async def measure_max(
     running: RunningProxy, engines: list[Process], settings: Settings
 ) -> dict[str, Any]:
     """Closed loop with `settings.concurrency` streams through `running`."""
-    host, port = running.targets[0]
-    client = CLIENTS[settings.client](host, port)
+    client = sender(*running.targets[0])
     make = request_maker(
         running.proxy,
         LATENCY_TENANTS,
@@ -340,16 +423,17 @@ async def measure_max(
         8,
         new_connections=settings.new_connections,
     )
+    concurrency = settings.concurrency
     try:
-        await closed_loop(client, make, settings.concurrency, min(3.0, settings.max_duration))
+        await closed_loop_results(client, make, concurrency, min(3.0, settings.max_duration))
         before = Cpu.now(running, engines)
-        started = time.perf_counter()
-        samples = await closed_loop(client, make, settings.concurrency, settings.max_duration)
-        elapsed = time.perf_counter() - started
+        started = now()
+        results = await closed_loop_results(client, make, concurrency, settings.max_duration)
+        elapsed = now() - started
         cpu = Cpu.now(running, engines).since(before)
     finally:
         await client.close()
-    row = {"concurrency": settings.concurrency, **latency_row(samples, elapsed), **cpu}
+    row = {"concurrency": concurrency, **latency_row(results, elapsed), **cpu}
     row["req_per_s_per_proxy_core"] = (
         round(row["achieved_per_s"] / row["proxy_cpu_cores"]) if row["proxy_cpu_cores"] else None
     )
@@ -382,25 +466,25 @@ async def scrape(http: httpx.AsyncClient, engines: list[Process]) -> Scrape:
     return values
 
 
-def client_service(samples: list[Sample], start: float, end: float) -> dict[str, dict[str, float]]:
+def client_service(
+    results: list[RequestResult], start: float, end: float
+) -> dict[str, dict[str, float]]:
     """Per tenant, from the clients' usage: service and output tokens in [start, end],
     prompts charged when their first token came, outputs pro rata over the stream."""
     totals: dict[str, dict[str, float]] = {}
-    for sample in samples:
-        if not sample.ok or sample.first is None or sample.ended is None:
+    for result in results:
+        first, ended = result.first_byte, result.ended
+        if not result.ok or first is None or ended is None:
             continue
-        mine = totals.setdefault(sample.tenant, {"service": 0.0, "output": 0.0, "requests": 0})
-        if start <= sample.first < end:
-            mine["service"] += sample.prompt_tokens - sample.cached_tokens
-        span = sample.ended - sample.first
-        overlap = min(end, sample.ended) - max(start, sample.first)
-        if span <= 0:
-            fraction = 1.0 if start <= sample.ended < end else 0.0
-        else:
-            fraction = max(0.0, overlap) / span
-        mine["output"] += sample.completion_tokens * fraction
-        mine["service"] += 2 * sample.completion_tokens * fraction
-        if start <= sample.ended < end:
+        mine = totals.setdefault(result.tenant, {"service": 0.0, "output": 0.0, "requests": 0})
+        if start <= first < end:
+            mine["service"] += result.prompt_tokens - result.cached_tokens
+        span = ended - first
+        overlap = min(end, ended) - max(start, first)
+        fraction = max(0.0, overlap) / span if span > 0 else float(start <= ended < end)
+        mine["output"] += result.completion_tokens * fraction
+        mine["service"] += 2 * result.completion_tokens * fraction
+        if start <= ended < end:
             mine["requests"] += 1
     return totals
 
@@ -437,11 +521,9 @@ async def measure_fairness(
             for tenant in tenants
         }
     )
-    kind = CLIENTS[settings.client]
 
-    def client_for(tenant: str, index: int) -> Client:
-        host, port = running.targets[index % len(running.targets)]
-        return kind(host, port)
+    def client_for(index: int) -> Sender:
+        return sender(*running.targets[index % len(running.targets)])
 
     task = asyncio.create_task(flood_run.run(client_for))
     occupancy: list[Scrape] = []
@@ -449,12 +531,12 @@ async def measure_fairness(
         try:
             await asyncio.sleep(settings.flood_warmup)
             before_cpu = Cpu.now(running, engines)
-            before, start = await scrape(http, engines), time.perf_counter()
+            before, start = await scrape(http, engines), now()
             end = start + settings.flood_window
-            while time.perf_counter() < end:
-                await asyncio.sleep(min(1.0, max(0.0, end - time.perf_counter())))
+            while now() < end:
+                await asyncio.sleep(min(1.0, max(0.0, end - now())))
                 occupancy.append(await scrape(http, engines))
-            after, end = await scrape(http, engines), time.perf_counter()
+            after, end = await scrape(http, engines), now()
             cpu = Cpu.now(running, engines).since(before_cpu)
         finally:
             task.cancel()
@@ -472,13 +554,13 @@ async def measure_fairness(
     }
     by_worker = {tenant: values for tenant, values in by_worker.items() if sum(values) > 0}
     engine_service = {tenant: sum(values) for tenant, values in by_worker.items()}
-    client = client_service(flood_run.samples, start, end)
+    client = client_service(flood_run.results, start, end)
     per_tenant: dict[str, Any] = {}
     for tenant in tenants:
         mine = [
-            sample
-            for sample in flood_run.samples
-            if sample.tenant == tenant.name and sample.ok and start <= sample.started < end
+            result
+            for result in flood_run.results
+            if result.tenant == tenant.name and result.ok and start <= result.started < end
         ]
         seen = tenant.name in engine_service
         running_counts = [sum(snap["running"].get(tenant.name, [])) for snap in occupancy]
@@ -491,11 +573,11 @@ async def measure_fairness(
             "requests_done": int(client.get(tenant.name, {}).get("requests", 0)),
             "errors": sum(
                 1
-                for sample in flood_run.samples
-                if sample.tenant == tenant.name and not sample.ok and start <= sample.started < end
+                for result in flood_run.results
+                if result.tenant == tenant.name and not result.ok and start <= result.started < end
             ),
-            "ttft": summary_ms([sample.ttft for sample in mine]),
-            "total": summary_ms([sample.total for sample in mine]),
+            "ttft": summary_ms([result.ttfb for result in mine]),
+            "total": summary_ms([result.latency for result in mine]),
             "engine_running_mean": round(statistics.fmean(running_counts), 1)
             if running_counts
             else None,
@@ -690,24 +772,21 @@ def brief(row: dict[str, Any]) -> str:
 
 
 def calibrate(settings: Settings) -> None:
-    """Each load client, direct to a fresh worker at each rate: its CPU per request."""
-    for kind in CLIENTS:
-        settings.client = kind
-        engines = start_engines(
-            1, latency_engine_options(settings), settings.worker_cores, settings.logs
-        )
-        try:
-            with running_proxy(
-                PROXIES["direct"], [engines[0].url], LATENCY_TENANTS, None, settings.logs
-            ) as running:
-                for rate in settings.rates:
-                    row = asyncio.run(measure_latency(running, engines, settings, rate))
-                    cpu = row["client_cpu_cores"] * settings.duration / max(1, row["requests"])
-                    say(f"{kind}, {rate:g} req/s: {1e6 * cpu:.0f} µs client CPU per request")
-                    say(f"  {brief(row)}")
-        finally:
-            for engine in engines:
-                engine.stop()
+    """The load generator, direct to a fresh worker at each rate: its CPU per request."""
+    options = latency_engine_options(settings)
+    engines = start_engines(1, options, settings.worker_cores, settings.logs)
+    try:
+        with running_proxy(
+            PROXIES["direct"], [engines[0].url], LATENCY_TENANTS, None, settings.logs
+        ) as running:
+            for rate in settings.rates:
+                row = asyncio.run(measure_latency(running, engines, settings, rate))
+                cpu = row["client_cpu_cores"] * settings.duration / max(1, row["requests"])
+                say(f"{rate:g} req/s: {1e6 * cpu:.0f} µs client CPU per request")
+                say(f"  {brief(row)}")
+    finally:
+        for engine in engines:
+            engine.stop()
 
 
 # ---------------------------------------------------------------------- report
@@ -858,14 +937,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
         help="fairness on this endpoint only (default: chat, and completions for SGLang)",
     )
     parser.add_argument("--flood-policy", default="dlpm", help="the workers' policy (dlpm)")
-    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="(raw)")
     parser.add_argument(
         "--new-connections", action="store_true", help="Connection: close on every request"
     )
     parser.add_argument("--proxy-cores", default="1", help="taskset list for the proxy (1)")
     parser.add_argument("--worker-cores", default="0", help="taskset list for workers (0)")
     parser.add_argument("--load-cores", default="0", help="cores of this process (0)")
-    parser.add_argument("--calibrate", action="store_true", help="client CPU: raw vs httpx")
+    parser.add_argument("--calibrate", action="store_true", help="the client's CPU per request")
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
     settings = Settings(
@@ -880,7 +958,6 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
         flood_window=args.flood_window,
         flood_endpoint=args.flood_endpoint,
         flood_policy=args.flood_policy,
-        client=args.client,
         new_connections=args.new_connections,
         proxy_cores=args.proxy_cores or None,
         worker_cores=args.worker_cores or None,

@@ -32,11 +32,20 @@ from sim_http import metric
 
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.trace import TraceRequest, write_trace
-from fairpool_cli.load import LoadResult, LoadSpec, PromptShape, TenantSpec, run_load
+from fairpool_cli.load import (
+    LoadResult,
+    LoadSpec,
+    OutgoingRequest,
+    PromptShape,
+    RequestResult,
+    Sender,
+    TenantSpec,
+    run_load,
+)
 from fairpool_cli.load.live import LiveView
 from fairpool_cli.load.prompts import TraceText, prompt_source, request_body
 from fairpool_cli.load.spec import check_url
-from fairpool_cli.load.stats import Outcome, TenantStats
+from fairpool_cli.load.stats import TenantStats
 from fairpool_cli.load.tenants import (
     parse_tenant_flag,
     read_tenants_file,
@@ -242,6 +251,12 @@ def test_bodies_are_plain_openai_unless_asked():
     body = request_body(tagged, "m", "a", prompt)
     assert body["vllm_xargs"] == {"fairpool_tenant": "a"} and body["ignore_eos"] is True
     assert isinstance(body["prompt"], str) and "messages" not in body
+    for api, keys in (
+        ("responses", {"model", "input", "max_output_tokens", "stream"}),
+        ("embeddings", {"model", "input"}),
+    ):
+        body = request_body(LoadSpec(URL, spec.tenants, api=api), "m", "a", prompt)
+        assert set(body) == keys
 
 
 # --- runs over HTTP ------------------------------------------------------------------
@@ -457,6 +472,47 @@ def test_tag_tenants_attributes_service_per_tenant_in_the_engine(tmp_path, capsy
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize("api", ["chat", "completions", "responses", "embeddings"])
+def test_every_api_is_read_with_its_usage(api):
+    """Each API's answers end as that API ends them and carry its usage: the service the
+    load generator counts is the engine's, request for request (embeddings: their usage
+    has no cached tokens, so the client counts the whole prompt; nor output, nor a first
+    token). A sender that reads only the end and the usage finds the same tokens."""
+    shape = PromptShape("shared-prefix", prompt_tokens=64, output_tokens=8)
+    with engines(1, speedup=100.0) as (engine,):
+        result = run(engine.url, TenantSpec("a", concurrency=2), tag_tenants=True,
+                     requests=6, duration=None, api=api, shape=shape)  # fmt: skip
+        served = metric(engine.url, "fairpool_engine_tenant_service_total", tenant="a")
+        spec = LoadSpec(engine.url, (TenantSpec("a", rate=1),), api=api, shape=shape)
+        body = request_body(spec, MODEL, "a", prompt_source(spec, spec.tenants[0]).next())
+        request = OutgoingRequest("a", api, json.dumps(body).encode())
+
+        async def both() -> list[RequestResult]:
+            results = []
+            for parse_events in (True, False):
+                async with Sender(f"{engine.url}/v1", parse_events=parse_events) as sender:
+                    results.append(await sender.send(request))
+            return results
+
+        full, quick = asyncio.run(both())
+    stats = result.tenants["a"]
+    assert stats.done == 6 and not stats.errors and stats.usage_missing == 0
+    assert stats.completion_tokens == (0 if api == "embeddings" else 6 * 8)
+    if api == "embeddings":
+        assert stats.cached_tokens == 0 and stats.service == stats.prompt_tokens > 0
+        assert not stats.ttfts and len(stats.latencies) == 6
+    else:
+        assert stats.service == pytest.approx(served)
+        assert len(stats.ttfts) == len(stats.latencies) == 6
+    assert full.ok and quick.ok and full.usage_reported and quick.usage_reported
+    assert (full.prompt_tokens, full.completion_tokens) == (
+        quick.prompt_tokens,
+        quick.completion_tokens,
+    )
+    assert quick.first_token is None and quick.text == ""
+    assert (full.first_token is None) == (api == "embeddings") == (full.text == "")
+
+
 def test_failures_are_counted_by_kind_and_never_end_the_run():
     with engines(1, speedup=100.0, error_rate=1.0) as (broken,):
         result = run(broken.url, TenantSpec("a", concurrency=2), requests=6, model=MODEL)
@@ -509,8 +565,10 @@ def finished_result() -> LoadResult:
     result = LoadResult.begin(spec, "m")
     a, b = result.tenants["a"], result.tenants["b"]
     a.sent, a.active, b.active = 2, True, True
-    a.record(Outcome("ok", 0.1, 0.5, 100, 40, 10), spec.cost)
-    a.record(Outcome("limited"), spec.cost)
+    answered = RequestResult("a", started=0.0, first_token=0.1, ended=0.5, status=200)
+    answered.prompt_tokens, answered.cached_tokens, answered.completion_tokens = 100, 40, 10
+    a.record(answered, spec.cost)
+    a.record(RequestResult("a", status=429, error="limited"), spec.cost)
     result.sample()
     return result
 
@@ -593,3 +651,41 @@ def test_load_through_the_gateway_measures_what_the_gateway_charged():
     share = result.share("light")
     print(f"light's share {share:.3f} of the whole run, whose end is the flood's alone")
     assert share == pytest.approx(charged["light"] / sum(charged.values()))
+
+
+def test_through_the_gateway_every_api_is_counted_as_the_gateway_charged_it():
+    """The gateway's four APIs, one after the other, through one gateway: per API, the
+    answers, tokens and service the load generator counts are what the gateway charged
+    (the difference of its counters over that API's run)."""
+    with engines(1, speedup=100.0) as workers:
+        config = gateway_config([w.url for w in workers], [tenant_entry("flood")])
+        with gateway(config) as running:
+
+            def charged() -> tuple[float, ...]:
+                return tuple(
+                    gateway_metric(running, name, tenant="flood", **labels)
+                    for name, labels in (
+                        ("fairpool_gateway_requests_total", {"status": "200"}),
+                        ("fairpool_gateway_tokens_total", {"kind": "prompt"}),
+                        ("fairpool_gateway_tokens_total", {"kind": "completion"}),
+                        ("fairpool_gateway_service_total", {}),
+                    )
+                )
+
+            for api in ("chat", "completions", "responses", "embeddings"):
+                before = charged()
+                result = run(
+                    running.url,
+                    TenantSpec("flood", key=KEYS["flood"], concurrency=2),
+                    requests=6,
+                    duration=None,
+                    api=api,
+                    shape=PromptShape("shared-prefix", prompt_tokens=48, output_tokens=4),
+                )
+                after = charged()
+                stats = result.tenants["flood"]
+                assert not stats.errors and stats.usage_missing == 0, api
+                counted = (stats.done, stats.prompt_tokens, stats.completion_tokens)
+                assert counted == tuple(a - b for a, b in zip(after[:3], before[:3], strict=True))
+                assert stats.service == pytest.approx(after[3] - before[3]), api
+                assert stats.done == 6 and stats.completion_tokens == (api != "embeddings") * 24

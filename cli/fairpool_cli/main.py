@@ -249,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     local.set_defaults(handler=_up)
 
-    from fairpool_cli.load import options as load_options  # no httpx until a run
+    from fairpool_cli.load import options as load_options  # no HTTP library
 
     load = commands.add_parser(
         "load",

@@ -1,7 +1,7 @@
 """`fairpool load`: its flags, the run they describe, and the command itself.
 
-This module imports only the core library and the load package's light modules, so that
-building `fairpool`'s parser does not need httpx.
+This module imports only the core library and the load package, which sends with its own
+HTTP client: building `fairpool`'s parser loads no HTTP library.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--trace", metavar="FILE", help="replay a trace in the simulator's format")
     add("--shape", default="shared-prefix", choices=SHAPES, help="prompt shape (shared-prefix)")
-    add("--api", default="chat", choices=APIS, help="chat or completions (chat)")
+    add("--api", default="chat", choices=APIS, help="the API to send to (chat)")
     defaults = PromptShape()
     add(
         "--prompt-tokens",

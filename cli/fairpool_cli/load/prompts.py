@@ -200,19 +200,27 @@ def completion_text(messages: list[Message]) -> str:
 
 
 def request_body(spec: LoadSpec, model: str, tenant: str, prompt: Prompt) -> dict[str, Any]:
-    """A streamed OpenAI request asking for the usage chunk; vLLM's `ignore_eos` and the
-    engines' tenant tag only when the run asks for them."""
+    """An OpenAI request of the run's API: chat and completions stream and ask for the
+    usage chunk, a response streams (its usage comes in `response.completed`), embeddings
+    come whole. vLLM's `ignore_eos` and the engines' tenant tag only when the run asks
+    for them."""
     body: dict[str, Any] = {"model": model}
+    messages = [{"role": role, "content": text} for role, text in prompt.messages]
     if spec.api == "chat":
-        body["messages"] = [{"role": role, "content": text} for role, text in prompt.messages]
+        body["messages"] = messages
+    elif spec.api == "responses":
+        body["input"] = messages
     else:
-        body["prompt"] = completion_text(prompt.messages)
-    body |= {
-        "max_tokens": prompt.max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if spec.ignore_eos:
+        body["input" if spec.api == "embeddings" else "prompt"] = completion_text(prompt.messages)
+    if spec.api in ("chat", "completions"):
+        body |= {
+            "max_tokens": prompt.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    elif spec.api == "responses":
+        body |= {"max_output_tokens": prompt.max_tokens, "stream": True}
+    if spec.ignore_eos and spec.api != "embeddings":
         body["ignore_eos"] = True
     if spec.tag_tenants:
         body["vllm_xargs"] = {TENANT_XARG: tenant}

@@ -9,18 +9,16 @@ counted as such), every request of its `requests` budget or of its trace answere
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fairpool_cli.load.loops import closed_loop, open_loop, poisson
 from fairpool_cli.load.prompts import Prompt, PromptSource, TraceText, prompt_source
 from fairpool_cli.load.prompts import request_body as make_body
+from fairpool_cli.load.request import CONNECTION, OutgoingRequest, RequestResult, now
+from fairpool_cli.load.send import Sender, auth, body_bytes, first_model
 from fairpool_cli.load.spec import LoadSpec, TenantSpec
-from fairpool_cli.load.stats import LoadResult, Outcome
-
-if TYPE_CHECKING:
-    from fairpool_cli.load.send import Sender
+from fairpool_cli.load.stats import LoadResult
 
 Progress = Callable[[LoadResult], None]
 
@@ -35,10 +33,8 @@ async def run_load(
     """Run `spec` against its endpoint; what it measured. `progress` is called with the
     growing result every `spec.sample_interval` seconds; setting `stop` ends the run
     early, with everything measured until then."""
-    from fairpool_cli.load.send import Sender  # httpx: the gateway extra
-
-    async with Sender(spec) as sender:
-        model = spec.model or await sender.first_model(_first_key(spec))
+    async with Sender(spec.url, spec.timeout) as sender:
+        model = spec.model or await first_model(sender, _first_key(spec))
         return await _Run(spec, sender, model).execute(progress, stop)
 
 
@@ -71,13 +67,12 @@ class _Run:
         self.sender = sender
         self.model = model
         self.budget = _Budget(spec.requests)
-        self.in_flight: set[asyncio.Task[Any]] = set()
         self.sources = {} if spec.trace else {t.name: prompt_source(spec, t) for t in spec.tenants}
         self.trace_text = TraceText(spec.seed)
         self.result = LoadResult.begin(spec, model)
 
     async def execute(self, progress: Progress | None, stop: asyncio.Event | None) -> LoadResult:
-        self.result.started = time.monotonic()
+        self.result.started = now()
         answered = asyncio.create_task(self._all_answered())
         sampler = asyncio.create_task(self._sample(progress))
         timers: dict[str, asyncio.Task[Any]] = {}
@@ -96,7 +91,7 @@ class _Run:
                 (reason for reason, task in timers.items() if task in done), self._completion()
             )
         finally:
-            await _cancel([answered, sampler, *timers.values(), *self.in_flight])
+            await _cancel([answered, sampler, *timers.values()])
         self.result.sample()
         return self.result
 
@@ -111,8 +106,6 @@ class _Run:
             await self._replay()
         else:
             await asyncio.gather(*(self._arrivals(tenant) for tenant in self.spec.tenants))
-        while self.in_flight:
-            await asyncio.wait(set(self.in_flight))
 
     def _arrivals(self, tenant: TenantSpec) -> Coroutine[Any, Any, None]:
         return self._open_loop(tenant) if tenant.open_loop else self._closed_loop(tenant)
@@ -120,58 +113,57 @@ class _Run:
     async def _open_loop(self, tenant: TenantSpec) -> None:
         """Poisson arrivals at the tenant's rate, each request on its own."""
         assert tenant.rate is not None
-        gaps = random.Random(f"{self.spec.seed}:{tenant.name}:arrivals")
         source = self.sources[tenant.name]
-        arrival = self.result.started
-        while True:
-            arrival += gaps.expovariate(tenant.rate)
-            await _sleep_until(arrival)
-            if not self.budget.take():
-                return
-            self._spawn(self._request(tenant, source.next(), source))
+        seed = f"{self.spec.seed}:{tenant.name}:arrivals"
+        await open_loop(
+            lambda _, moment: self._request(tenant, source.next(), source, moment),
+            poisson(tenant.rate, seed, self.result.started),
+            self.budget.take,
+        )
 
     async def _closed_loop(self, tenant: TenantSpec) -> None:
         """`concurrency` clients, each sending its next request when its last one ends."""
         source = self.sources[tenant.name]
 
-        async def client() -> None:
-            while self.budget.take():
-                outcome = await self._request(tenant, source.next(), source)
-                if outcome.status == "connection":
-                    await asyncio.sleep(CONNECTION_PAUSE)
+        async def request(_: int) -> None:
+            result = await self._request(tenant, source.next(), source)
+            if result.error == CONNECTION:
+                await asyncio.sleep(CONNECTION_PAUSE)
 
-        await asyncio.gather(*(client() for _ in range(tenant.concurrency or 1)))
+        await closed_loop(request, tenant.concurrency or 1, self.budget.take)
 
     async def _replay(self) -> None:
         """The trace's requests at their times."""
         tenants = {tenant.name: tenant for tenant in self.spec.tenants}
-        for request in self.spec.trace:
-            await _sleep_until(self.result.started + request.t)
-            if not self.budget.take():
-                return
-            prompt = self.trace_text.prompt(request)
-            self._spawn(self._request(tenants[request.tenant], prompt, None))
+        trace = self.spec.trace
 
-    def _spawn(self, request: Coroutine[Any, Any, Outcome]) -> None:
-        task = asyncio.create_task(request)
-        self.in_flight.add(task)
-        task.add_done_callback(self.in_flight.discard)
+        def launch(number: int, moment: float) -> Coroutine[Any, Any, RequestResult]:
+            request = trace[number]
+            prompt = self.trace_text.prompt(request)
+            return self._request(tenants[request.tenant], prompt, None, moment)
+
+        start = self.result.started
+        await open_loop(launch, (start + request.t for request in trace), self.budget.take)
 
     async def _request(
-        self, tenant: TenantSpec, prompt: Prompt, source: PromptSource | None
-    ) -> Outcome:
+        self,
+        tenant: TenantSpec,
+        prompt: Prompt,
+        source: PromptSource | None,
+        scheduled: float | None = None,
+    ) -> RequestResult:
         stats = self.result.tenants[tenant.name]
         stats.sent += 1
         stats.outstanding += 1
         stats.active = True
         answer = None
         try:
-            outcome = await self.sender.send(
-                make_body(self.spec, self.model, tenant.name, prompt), tenant.key
-            )
-            stats.record(outcome, self.spec.cost)
-            answer = outcome.text if outcome.ok else None
-            return outcome
+            body = body_bytes(make_body(self.spec, self.model, tenant.name, prompt))
+            request = OutgoingRequest(tenant.name, self.spec.api, body, auth(tenant.key))
+            result = await self.sender.send(request, scheduled)
+            stats.record(result, self.spec.cost)
+            answer = result.text if result.ok else None
+            return result
         except asyncio.CancelledError:
             stats.cancelled += 1
             raise
@@ -193,8 +185,3 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _sleep_until(moment: float) -> None:
-    """Sleep until `time.monotonic()` reaches `moment`; yield at least once."""
-    await asyncio.sleep(max(moment - time.monotonic(), 0.0))

@@ -17,7 +17,7 @@ from fairpool.sched.errors import (
 from fairpool.sim.trace import TraceRequest
 
 SHAPES = ("shared-prefix", "documents", "multi-turn", "random")
-APIS = ("chat", "completions")
+APIS = ("chat", "completions", "responses", "embeddings")
 DEFAULT_DURATION = 60.0
 
 

@@ -12,32 +12,14 @@ Both shares count from the end of the run's warm-up on.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from fairpool.sched.cost import CostModel
 from fairpool.sim.metrics import percentile
+from fairpool_cli.load.request import RequestResult, now
 from fairpool_cli.load.spec import LoadSpec
-
-
-@dataclass
-class Outcome:
-    """How a request went. Times are seconds from when it was sent."""
-
-    status: str  # "ok" or a failure category
-    ttft: float | None = None
-    latency: float | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    usage_reported: bool = False
-    text: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 def sorted_percentile(values: list[float], fraction: float) -> float | None:
@@ -70,21 +52,22 @@ class TenantStats:
     sampled_service: float = 0.0  # service at the last sample
     warmup_service: float = 0.0  # service at the last sample within the warm-up
 
-    def record(self, outcome: Outcome, cost: CostModel) -> None:
-        if not outcome.ok:
-            self.errors[outcome.status] += 1
+    def record(self, result: RequestResult, cost: CostModel) -> None:
+        if not result.ok:
+            self.errors[result.error or "stream"] += 1
             return
         self.done += 1
-        self.prompt_tokens += outcome.prompt_tokens
-        self.cached_tokens += outcome.cached_tokens
-        self.completion_tokens += outcome.completion_tokens
-        self.usage_missing += not outcome.usage_reported
-        extend = max(outcome.prompt_tokens - outcome.cached_tokens, 0)
-        self.service += cost.service(extend, outcome.completion_tokens)
-        if outcome.ttft is not None:
-            self.ttfts.append(outcome.ttft)
-        if outcome.latency is not None:
-            self.latencies.append(outcome.latency)
+        self.prompt_tokens += result.prompt_tokens
+        self.cached_tokens += result.cached_tokens
+        self.completion_tokens += result.completion_tokens
+        self.usage_missing += not result.usage_reported
+        extend = max(result.prompt_tokens - result.cached_tokens, 0)
+        self.service += cost.service(extend, result.completion_tokens)
+        ttft, latency = result.ttft, result.latency
+        if ttft is not None:
+            self.ttfts.append(ttft)
+        if latency is not None:
+            self.latencies.append(latency)
 
     def ttft(self, fraction: float) -> float | None:
         """A percentile of the answered requests' times to first token (nearest rank)."""
@@ -130,7 +113,7 @@ class LoadResult:
     spec: LoadSpec
     model: str
     tenants: dict[str, TenantStats]
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=now)
     elapsed: float = 0.0
     stopped_by: str = "running"
     series: list[SeriesPoint] = field(default_factory=list)
@@ -163,7 +146,7 @@ class LoadResult:
     def sample(self) -> None:
         """Close the current interval: split its service among the active tenants by
         weight, and append a point of the time series."""
-        self.elapsed = time.monotonic() - self.started
+        self.elapsed = now() - self.started
         warming_up = self.elapsed < self.spec.warmup
         active = {name for name, stats in self.tenants.items() if stats.active or stats.outstanding}
         delivered = sum(stats.service - stats.sampled_service for stats in self.tenants.values())

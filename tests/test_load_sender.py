@@ -18,6 +18,8 @@ from fairpool_cli.load import OutgoingRequest, RequestResult, Sender
 from fairpool_cli.load.answers import EventStream, QuickStream, Reader, WholeBody
 from fairpool_cli.load.connection import Connection
 
+pytestmark = pytest.mark.subprocess  # openssl makes a certificate
+
 
 def chunked(*pieces: bytes) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"

@@ -327,7 +327,13 @@ def test_tokens_per_minute_reserve_the_output_a_request_may_produce():
             assert tokens["tokens"] <= 3000  # the window holds what was served, then
 
 
-def test_a_client_that_leaves_a_non_streamed_request_is_charged_its_reservation(served):
+@pytest.mark.parametrize(("stream", "charged"), [(False, 1500), (True, 0)])
+def test_a_client_that_leaves_before_any_answer_is_charged_what_it_could_have_cost(
+    served, stream, charged
+):
+    """Non-streamed, the gateway cannot see what the engine produced before it aborted:
+    the request is charged its whole output reservation. A stream that had not started
+    produced nothing the gateway relayed, and is charged no output."""
     pool, engine = served
 
     def completion_tokens() -> float:
@@ -341,7 +347,7 @@ def test_a_client_that_leaves_a_non_streamed_request_is_charged_its_reservation(
         async with httpx.AsyncClient(
             base_url=pool.url, headers={"Authorization": f"Bearer {KEYS['other']}"}
         ) as api:
-            body = completion("a long story", max_tokens=1500)
+            body = completion("a long story", max_tokens=1500, stream=stream)
             asking = asyncio.create_task(api.post("/v1/completions", json=body))
             await eventually(lambda: engine.sim.runner.in_flight == 1, what="the engine has it")
             asking.cancel()  # the client leaves before any answer
@@ -351,7 +357,7 @@ def test_a_client_that_leaves_a_non_streamed_request_is_charged_its_reservation(
     with held(engine):  # so the engine has not answered when the client leaves
         asyncio.run(leave_once_the_engine_has_it())
     wait_until(lambda: nothing_in_flight(pool))
-    assert completion_tokens() - before == 1500
+    assert completion_tokens() - before == charged
 
 
 def test_tenants_do_not_share_cached_prefixes_unless_the_pool_says_so():

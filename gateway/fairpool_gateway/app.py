@@ -222,16 +222,18 @@ async def settled_on_every_path(exchange: Exchange) -> Response:
 
 
 def client_left(exchange: Exchange) -> Outcome:
-    """What a request whose client left before its answer is charged. Sent to a worker
-    without a stream to count its output, it is charged its whole output reservation: the
-    gateway cannot see what the engine produced before it aborted, and charging less
-    would let a tenant slip past its limits by hanging up. Otherwise nothing more than
-    what was observed."""
+    """What a request whose client left before its answer is charged. A non-streamed
+    request sent to a worker is charged its whole output reservation: the gateway cannot
+    see what the engine produced before it aborted, and charging less would let a tenant
+    slip past its limits by hanging up. A stream is charged what was observed of it (none
+    of it, if it had not started), and a request never sent nothing."""
     flight, parsed = exchange.flight, exchange.parsed
-    if exchange.sent and not exchange.streaming and flight is not None and parsed is not None:
+    if flight is None or parsed is None or flight.settled:
+        return Outcome(CLIENT_CLOSED, reason="client_closed")
+    if exchange.sent and not parsed.stream:
         reserved = flight.request.output_limit or 0
         return Outcome(CLIENT_CLOSED, reason="client_closed", output_tokens=reserved)
-    if flight is not None and flight.decision is not None and not exchange.sent:
+    if flight.decision is not None and not exchange.sent:
         flight.undispatch()  # routed, never sent: nothing served
     return Outcome(CLIENT_CLOSED, reason="client_closed")
 
@@ -434,6 +436,7 @@ async def open_upstream(exchange: Exchange) -> aiohttp.ClientResponse:
     timeouts = gateway.config.timeouts
     answer_timeout = timeouts.first_byte if parsed.stream else timeouts.total
     failure = "no worker in rotation"
+    status = HTTPStatus.SERVICE_UNAVAILABLE
     for attempt in range(2):
         try:
             decision = flight.decision or flight.redispatch()
@@ -452,7 +455,7 @@ async def open_upstream(exchange: Exchange) -> aiohttp.ClientResponse:
             )
         except WorkerUnreachable as error:
             exchange.sent = False
-            failure = f"{worker}: {error}"
+            failure, status = f"{worker}: {error}", HTTPStatus.BAD_GATEWAY
             log.warning(
                 "worker unreachable",
                 extra={"request_id": exchange.request_id, "worker": worker, "error": str(error)},
@@ -477,7 +480,6 @@ async def open_upstream(exchange: Exchange) -> aiohttp.ClientResponse:
                 "server_error",
                 code="upstream_timeout",
             ) from None
-    status = HTTPStatus.SERVICE_UNAVAILABLE if not flight.decision else HTTPStatus.BAD_GATEWAY
     flight.settle(Outcome(status=int(status), reason="upstream_unavailable"))
     raise unavailable(pool, failure, status)
 

@@ -94,7 +94,7 @@ FULL_VALUES: Doc = {
 
 EMPTY_GATEWAY_CONFIG = (
     "pools: []\ntenants: []\nlisten: {host: 0.0.0.0, port: 8080}\n"
-    "admin: {host: 0.0.0.0, port: 8081}\n"
+    "admin: {host: 0.0.0.0, port: 8081, tokenFile: /etc/fairpool/admin-token/token}\n"
 )
 
 
@@ -201,6 +201,17 @@ _ENDPOINT = {
         "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
         "interval": _DURATION,
         "scrapeTimeout": _DURATION,
+        "authorization": {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string"},
+                "credentials": {
+                    "type": "object",
+                    "required": ["key"],
+                    "properties": {"name": {"type": "string"}, "key": {"type": "string"}},
+                },
+            },
+        },
         "relabelings": {
             "type": "array",
             "items": {
@@ -293,6 +304,7 @@ def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs
             "RoleBinding/fp-gateway",
             "RoleBinding/fp-operator",
             "Secret/fairpool-gateway-config",
+            "Secret/fp-gateway-admin-token",
             "Service/fp-gateway",
             "Service/fp-gateway-admin",
             "ServiceAccount/fp-gateway",
@@ -580,6 +592,57 @@ def test_config_secret_starts_empty_is_kept_and_loads(default_docs, tmp_path):
     assert config.pools == [] and config.tenants == []
     assert (config.listen.port, config.admin.port) == (8080, 8081)
     assert config.admin.host == "0.0.0.0"  # reachable through the admin Service
+    assert config.admin.token_file == "/etc/fairpool/admin-token/token"  # so it wants a token
+
+
+def mounted_token_path(deployment: Doc) -> str:
+    """Where the pod finds the admin token: its mount of the token Secret, and the key."""
+    spec = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "admin-token"]
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "admin-token"]
+    assert mount["readOnly"] is True and "subPath" not in mount  # a folder: rotation is seen
+    assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+    return f"{mount['mountPath']}/token"
+
+
+@needs_helm
+def test_the_admin_token_is_random_mounted_and_sent_by_the_operator_and_prometheus(
+    default_docs, full_docs, tmp_path
+):
+    secret = one(default_docs, "Secret", "fp-gateway-admin-token")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 48 and token.isalnum()
+    again = one(render(), "Secret", "fp-gateway-admin-token")
+    assert base64.b64decode(again["data"]["token"]).decode() != token  # not a known value
+    gateway, operator = (
+        one(default_docs, "Deployment", f"fp-{name}") for name in ("gateway", "operator")
+    )
+    for deployment in (gateway, operator):
+        volume = next(
+            v
+            for v in deployment["spec"]["template"]["spec"]["volumes"]
+            if v["name"] == "admin-token"
+        )
+        assert volume["secret"]["secretName"] == "fp-gateway-admin-token"
+    text = base64.b64decode(
+        one(default_docs, "Secret", "fairpool-gateway-config")["data"]["gateway.yaml"]
+    )
+    assert yaml.safe_load(text)["admin"]["tokenFile"] == mounted_token_path(gateway)
+    assert container_env(operator)["FAIRPOOL_GATEWAY_ADMIN_TOKEN_FILE"] == mounted_token_path(
+        operator
+    )
+    (monitor,) = by_kind(full_docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "fp-gateway-admin-token", "key": "token"},
+    }
+    # A Secret of your own instead: the chart makes none and everything names yours.
+    docs = render(tmp_path, None, "--set", "gateway.adminToken.existingSecret=my-token")
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-token")]
+    for name in ("gateway", "operator"):
+        spec = one(docs, "Deployment", f"fp-{name}")["spec"]["template"]["spec"]
+        volume = next(v for v in spec["volumes"] if v["name"] == "admin-token")
+        assert volume["secret"]["secretName"] == "my-token"
 
 
 @needs_helm
@@ -629,6 +692,12 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
         "admin": contract.GATEWAY_ADMIN["port"],
     }
     assert env[contract.GATEWAY_ADMIN_URL_ENV].endswith(f":{contract.GATEWAY_ADMIN['port']}")
+    assert env[contract.GATEWAY_ADMIN_TOKEN_FILE_ENV] == contract.ADMIN_TOKEN_PATH
+    assert contract.GATEWAY_ADMIN["tokenFile"] == contract.ADMIN_TOKEN_PATH
+    token_mount = next(
+        m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == "admin-token"
+    )
+    assert token_mount["mountPath"] == contract.ADMIN_TOKEN_DIR
     assert gateway["securityContext"]["runAsUser"] == contract.RUN_AS
     (monitor,) = by_kind(full_docs, "PodMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -35,6 +36,7 @@ from starlette.types import Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayTenant
 from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcome, Rejection
+from fairpool_gateway.admin_auth import AdminAuth
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.openapi import openapi_document
 from fairpool_gateway.pool import Pool, hold
@@ -458,4 +460,5 @@ def admin_app(gateway: Gateway) -> Starlette:
             *probe_routes(gateway),
         ],
         exception_handlers={404: not_found, 405: not_allowed},
+        middleware=[Middleware(AdminAuth, gateway=gateway)],  # admin.tokenFile's bearer token
     )

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.runtime import tune_collector_for_serving
+from fairpool.sched.errors import ConfigError
 from fairpool_gateway.app import admin_app, tenant_app
 from fairpool_gateway.gateway import Gateway
 
@@ -118,9 +119,12 @@ def serve(
 ) -> None:
     """`fairpool gateway`: run until SIGINT or SIGTERM."""
     config = load_gateway_config(config_path)
+    tenant_port = config.listen.port if port is None else port
+    admin_port = config.admin.port if admin_port is None else admin_port
+    check_startup(config, tenant_port, admin_port, port is not None)
     gateway = Gateway(config, config_path)
-    tenant_socket = bind(host or config.listen.host, config.listen.port if port is None else port)
-    admin_socket = bind(config.admin.host, config.admin.port if admin_port is None else admin_port)
+    tenant_socket = bind(host or config.listen.host, tenant_port)
+    admin_socket = bind(config.admin.host, admin_port)
     server = make_server(gateway, tenant_socket, admin_socket, freeze=True)
     tenant_host, tenant_port = tenant_socket.getsockname()[:2]
     admin_host, admin_port_bound = admin_socket.getsockname()[:2]
@@ -130,6 +134,25 @@ def serve(
         flush=True,
     )
     server.run(sockets=[tenant_socket, admin_socket])
+
+
+def check_startup(
+    config: GatewayConfig, tenant_port: int, admin_port: int, port_given: bool
+) -> None:
+    """What the configuration file cannot say alone: the ports after `--port` and
+    `--admin-port` (the two APIs are told apart by port), and that the admin token's file
+    can be read now (later changes to it are followed, and a bad one refuses admin requests)."""
+    if tenant_port == admin_port != 0:
+        option = "--port" if port_given else "--admin-port"
+        raise ConfigError(option, f"the tenant and admin APIs would share port {tenant_port}")
+    token_file = config.admin.token_file
+    if token_file is not None:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError("admin.tokenFile", f"cannot read {token_file}: {error}") from None
+        if not token:
+            raise ConfigError("admin.tokenFile", f"{token_file} is empty")
 
 
 class GatewayThread:

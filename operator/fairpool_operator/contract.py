@@ -32,8 +32,14 @@ MODELS_DIR = "/models"
 #: The gateway's configuration: one Secret, key gateway.yaml, mounted at GATEWAY_DIR.
 GATEWAY_KEY = "gateway.yaml"
 GATEWAY_DIR = "/etc/fairpool/gateway"
+#: The admin API's bearer token: key `token` of a Secret the chart creates, mounted as a
+#: folder at ADMIN_TOKEN_DIR in the gateway (which checks it) and in the operator (which
+#: reads the gateway's /metrics with it).
+ADMIN_TOKEN_KEY = "token"
+ADMIN_TOKEN_DIR = "/etc/fairpool/admin-token"
+ADMIN_TOKEN_PATH = f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"
 GATEWAY_LISTEN = {"host": "0.0.0.0", "port": 8080}
-GATEWAY_ADMIN = {"host": "0.0.0.0", "port": 8081}
+GATEWAY_ADMIN = {"host": "0.0.0.0", "port": 8081, "tokenFile": ADMIN_TOKEN_PATH}
 
 #: Engine pods run as this non-root user and group.
 RUN_AS = 10001
@@ -57,6 +63,7 @@ ENGINE_IMAGE_ENV = "FAIRPOOL_ENGINE_IMAGE"
 ENGINE_SIM_IMAGE_ENV = "FAIRPOOL_ENGINE_SIM_IMAGE"
 GATEWAY_SECRET_ENV = "FAIRPOOL_GATEWAY_CONFIG_SECRET"
 GATEWAY_ADMIN_URL_ENV = "FAIRPOOL_GATEWAY_ADMIN_URL"
+GATEWAY_ADMIN_TOKEN_FILE_ENV = "FAIRPOOL_GATEWAY_ADMIN_TOKEN_FILE"
 SERVED_INTERVAL_ENV = "FAIRPOOL_SERVED_INTERVAL"
 
 DEFAULT_GATEWAY_SECRET = "fairpool-gateway-config"

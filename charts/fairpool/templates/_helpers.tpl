@@ -94,5 +94,10 @@ seccompProfile:
 pools: []
 tenants: []
 listen: {host: 0.0.0.0, port: 8080}
-admin: {host: 0.0.0.0, port: 8081}
+admin: {host: 0.0.0.0, port: 8081, tokenFile: /etc/fairpool/admin-token/token}
 {{ end -}}
+
+{{/* The Secret holding the admin API's bearer token (key `token`). */}}
+{{- define "fairpool.adminToken.secretName" -}}
+{{- default (printf "%s-gateway-admin-token" (include "fairpool.fullname" .)) .Values.gateway.adminToken.existingSecret -}}
+{{- end -}}

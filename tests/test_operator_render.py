@@ -431,6 +431,30 @@ def test_tenant_secrets_missing_or_without_the_key_name_the_secret_and_key() -> 
     assert [t.tenant for t in plan.gateway.tenants] == ["ok"]
 
 
+def test_a_key_shared_by_two_tenants_stays_with_the_older_and_the_other_is_told() -> None:
+    older = tenant_body("acme", apiKeySecretRef={"name": "team-keys"})
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    newer = tenant_body("zeta", apiKeySecretRef={"name": "copied-keys"})
+    newer["metadata"]["creationTimestamp"] = "2026-02-01T00:00:00Z"
+    also = tenant_body("beta", apiKeySecretRef={"name": "team-keys"})  # the same Secret
+    also["metadata"]["creationTimestamp"] = "2026-03-01T00:00:00Z"
+    secrets = {
+        "team-keys": secret_body("team-keys", key="sk-team"),
+        "copied-keys": secret_body("copied-keys", mine="sk-zeta", copied="sk-team"),
+    }
+    plan = plan_namespace([pool_body()], [newer, also, older], secrets, CONFIG)  # no raise
+    assert [t.tenant for t in plan.gateway.tenants] == ["acme"]
+    by_name = {t.name: t for t in plan.tenants}
+    for name, secret in (("zeta", "copied-keys"), ("beta", "team-keys")):
+        ready = condition(tenant_status(by_name[name]), "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "DuplicateKey"), name
+        assert ready["message"] == (
+            f"spec.apiKeySecretRef: a key in Secret {secret!r} is already the key of "
+            "TenantQuota acme; a key must name one tenant"
+        )
+    assert condition(tenant_status(by_name["acme"]), "Ready")["status"] == "True"
+
+
 # --- statuses fit the CRDs ----------------------------------------------------------------------
 
 

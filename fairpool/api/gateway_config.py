@@ -258,6 +258,18 @@ class GatewayConfig(Spec):
             unknown = sorted(set(tenant.pools) - set(names))
             if unknown:
                 raise ValueError(f"tenant {tenant.tenant!r} names unknown pool {unknown[0]!r}")
+        owners: dict[str, str] = {}
+        for index, tenant in enumerate(self.tenants):
+            for digest in tenant.api_key_sha256:
+                owner = owners.setdefault(digest, tenant.tenant)
+                if owner != tenant.tenant:
+                    raise field_error(
+                        "GatewayConfig",
+                        ("tenants", index, "apiKeySha256"),
+                        digest,
+                        f"the key with digest {digest[:12]}… is listed under tenants "
+                        f"{owner!r} and {tenant.tenant!r}: a key must name one tenant",
+                    )
         if self.admin.port == self.listen.port != 0:
             raise field_error(
                 "GatewayConfig",

@@ -53,8 +53,7 @@ class Gateway:
     async def start(self) -> None:
         self._session = upstream_session()
         self._apply_pools(self.config)
-        if self.config_path is not None:
-            self._reloader = asyncio.create_task(self._watch_config())
+        self._reloader = asyncio.create_task(self._watch_config())
 
     async def stop(self) -> None:
         if self._reloader is not None:
@@ -104,9 +103,11 @@ class Gateway:
         self._by_model = {pool.spec.model: pool for pool in self.pools.values()}
 
     async def _watch_config(self) -> None:
-        assert self.config_path is not None and self._config_file is not None
         while True:
             await asyncio.sleep(RELOAD_INTERVAL)
+            self.tenants.refresh()  # the tenants' apiKeyFiles, re-read when they change
+            if self.config_path is None or self._config_file is None:
+                continue
             if not self._config_file.changed():
                 continue
             try:

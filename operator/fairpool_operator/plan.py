@@ -29,6 +29,7 @@ from fairpool.api.gateway_config import (
     ChainWorker,
     GatewayConfig,
     GatewayPool,
+    GatewayTenant,
     KubernetesWorkersSpec,
     WorkerSource,
     api_keys,
@@ -126,7 +127,7 @@ def plan_namespace(
     entries += _kept_entries(pools_planned, entries, previous_gateway)
     entries.sort(key=lambda entry: entry.name)
     known = {entry.name for entry in entries}
-    tenants = []
+    candidates = []
     for tenant in tenant_plans:
         if tenant.quota is None or tenant.problem is not None:
             continue
@@ -143,8 +144,13 @@ def plan_namespace(
             continue
         if missing:
             tenant.note = f"spec.pools: {', '.join(missing)} not found (ignored until created)"
-        tenants.append(gateway_tenant(tenant.quota, keys, allowed))
-        tenant.in_gateway = True
+        candidates.append((tenant, gateway_tenant(tenant.quota, keys, allowed)))
+    _refuse_shared_keys(candidates)
+    tenants = []
+    for tenant, entry in candidates:
+        if tenant.problem is None:
+            tenants.append(entry)
+            tenant.in_gateway = True
     gateway = validate(
         GatewayConfig,
         {
@@ -252,6 +258,25 @@ def _keys(
     plan.secret_problem = Problem(reason, message)
     plan.problem = plan.secret_problem
     return None
+
+
+def _refuse_shared_keys(candidates: list[tuple[TenantPlan, GatewayTenant]]) -> None:
+    """A key must name one tenant: of TenantQuotas sharing a key (one Secret, or the same
+    key in two), the older keeps it and the others get a problem naming it (the gateway
+    would refuse a configuration giving one key to two tenants)."""
+    owners: dict[str, TenantPlan] = {}
+    for tenant, entry in sorted(candidates, key=lambda candidate: _age(candidate[0].body)):
+        shared = [owners[digest] for digest in entry.api_key_sha256 if digest in owners]
+        if shared:
+            assert tenant.quota is not None and tenant.quota.spec.api_key_secret_ref is not None
+            secret = tenant.quota.spec.api_key_secret_ref.name
+            tenant.problem = Problem(
+                "DuplicateKey",
+                f"spec.apiKeySecretRef: a key in Secret {secret!r} is already the key of "
+                f"TenantQuota {shared[0].name}; a key must name one tenant",
+            )
+            continue
+        owners.update(dict.fromkeys(entry.api_key_sha256, tenant))
 
 
 def _kept_entries(

@@ -21,7 +21,7 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 from prometheus_client import CollectorRegistry
 
-from fairpool.api.gateway_config import load_gateway_config
+from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.api.manifests import load_manifests
 
 pytestmark = pytest.mark.subprocess
@@ -539,6 +539,8 @@ def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
         "gateway",
         "--config",
         "/etc/fairpool/gateway/gateway.yaml",
+        "--drain-seconds",
+        "45",
     ]
     assert container["image"] == "r/gw:dev"
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
@@ -563,6 +565,38 @@ def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
         {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
     ]
     assert admin["spec"]["type"] == "ClusterIP"
+
+
+@needs_helm
+def test_a_rollout_drains_the_gateway_within_its_grace_period(default_docs, tmp_path):
+    spec = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop == ["sleep", "5"]  # the pod leaves the endpoints before SIGTERM
+    command = container["command"]
+    drain = float(command[command.index("--drain-seconds") + 1])
+    grace = spec["terminationGracePeriodSeconds"]
+    # preStop, the drain, then up to 5 s for the cut requests to end and 5 s for uvicorn.
+    assert 5 + drain + 10 <= grace == 60
+    assert drain == GatewayConfig().drain_seconds  # the gateway's own default, too
+    docs = render(
+        tmp_path,
+        {
+            "gateway": {
+                "shutdown": {
+                    "preStopSeconds": 10,
+                    "drainSeconds": 280,
+                    "terminationGracePeriodSeconds": 300,
+                }
+            }
+        },
+    )
+    container = one(docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][-1] == "280"
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    done = helm("template", "x", str(CHART), "--set", "gateway.shutdown.drainSeconds=50")
+    assert done.returncode != 0
+    assert "preStopSeconds (5) + drainSeconds (50) + 10 must not exceed" in done.stderr
 
 
 @needs_helm
@@ -685,7 +719,9 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
     mount = next(m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == "config")
     assert mount["mountPath"] == contract.GATEWAY_DIR and "subPath" not in mount
     command = gateway["containers"][0]["command"]
-    assert command[-1] == f"{contract.GATEWAY_DIR}/{contract.GATEWAY_KEY}"
+    assert (
+        command[command.index("--config") + 1] == f"{contract.GATEWAY_DIR}/{contract.GATEWAY_KEY}"
+    )
     ports = {p["name"]: p["containerPort"] for p in gateway["containers"][0]["ports"]}
     assert ports == {
         "http": contract.GATEWAY_LISTEN["port"],

@@ -15,6 +15,7 @@ from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.files import FileWatch
 from fairpool.front import TenantLimiter
 from fairpool.sched.errors import ConfigError
+from fairpool_gateway.drain import Drain
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
 from fairpool_gateway.proxy import upstream_session
@@ -42,6 +43,7 @@ class Gateway:
         self._reloader: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self._config_file = FileWatch(self.config_path) if self.config_path else None
+        self.drain = Drain()  # the shutdown, as the server runs it (fairpool_gateway.drain)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -66,7 +68,9 @@ class Gateway:
 
     @property
     def ready(self) -> bool:
-        """Every pool has a worker in rotation."""
+        """Every pool has a worker in rotation, and the gateway is not shutting down."""
+        if self.drain.draining:
+            return False
         return bool(self.pools) and all(pool.front.router.workers for pool in self.pools.values())
 
     def pool_for_model(self, model: str) -> Pool | None:

@@ -8,6 +8,7 @@ the CRD schemas here too."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import subprocess
@@ -90,6 +91,16 @@ FULL_VALUES: Doc = {
         "podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
     },
     "grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}},
+    "networkPolicy": {
+        "tenantFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}},
+            {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.9.0.0/16"]}},
+        ],
+        "monitoring": {
+            "namespace": "observability",
+            "podLabels": {"app.kubernetes.io/name": "prometheus"},
+        },
+    },
 }
 
 EMPTY_GATEWAY_CONFIG = (
@@ -299,6 +310,10 @@ def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs
             "Deployment/fp-gateway",
             "Deployment/fp-operator",
             "KopfPeering/fairpool",
+            "NetworkPolicy/fp-engine-chains",
+            "NetworkPolicy/fp-engines",
+            "NetworkPolicy/fp-gateway",
+            "NetworkPolicy/fp-operator",
             "Role/fp-gateway",
             "Role/fp-operator",
             "RoleBinding/fp-gateway",
@@ -333,10 +348,12 @@ def test_optional_parts_can_be_turned_off(tmp_path):
         tmp_path,
         None,
         "--set",
-        "rbac.create=false,operator.serviceAccount.create=false,grafana.dashboard.enabled=false",
+        "rbac.create=false,operator.serviceAccount.create=false,grafana.dashboard.enabled=false,"
+        "networkPolicy.enabled=false",
     )
     kinds = {doc["kind"] for doc in docs}
     assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap"}
+    assert "NetworkPolicy" not in kinds
     assert (
         one(docs, "Deployment", "fp-operator")["spec"]["template"]["spec"]["serviceAccountName"]
         == "default"
@@ -742,6 +759,192 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
     assert endpoint["port"] == contract.PORT_NAME
     label = re.sub(r"[^a-zA-Z0-9_]", "_", contract.POOL_LABEL)
     assert endpoint["relabelings"][0]["sourceLabels"] == [f"__meta_kubernetes_pod_label_{label}"]
+
+
+# ------------------------------------------------------------------------ NetworkPolicies
+
+
+def selects(selector: Doc, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions) selects these labels."""
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        found = {
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+            "In": labels.get(key) in (values or []),
+            "NotIn": labels.get(key) not in (values or []),
+        }[operator]
+        if not found:
+            return False
+    return True
+
+
+@functools.cache
+def engine_pods() -> dict[str, tuple[dict[str, str], list[str]]]:
+    """Every kind of engine pod the operator renders, from the examples and a placement pool
+    as LeaderWorkerSets: name → (labels, container port names)."""
+    from fairpool_operator.config import OperatorConfig
+    from fairpool_operator.dry_run import render_files
+    from fairpool_operator.plan import plan_namespace
+
+    objects = []
+    for example in ("local", "gpu", "pipeline"):
+        objects += render_files([ROOT / "examples" / f"{example}.yaml"], NAMESPACE, {}).objects
+    pipeline = yaml.safe_load((ROOT / "examples" / "pipeline.yaml").read_text())
+    pipeline["metadata"]["uid"] = "uid"
+    pipeline["spec"]["placement"]["workload"] = {
+        "arrivalRate": 1.0,
+        "meanInputTokens": 2000,
+        "meanOutputTokens": 200,
+    }
+    lws = OperatorConfig(namespace=NAMESPACE, leader_worker_set=True)
+    objects += plan_namespace([pipeline], [], {}, lws).objects
+    pods = {}
+    for obj in objects:
+        spec = obj.get("spec", {})
+        templates = {"": spec.get("template")}
+        if obj["kind"] == "LeaderWorkerSet":
+            group = spec["leaderWorkerTemplate"]
+            templates = {"leader": group.get("leaderTemplate"), "worker": group["workerTemplate"]}
+        for role, template in templates.items():
+            if template is None:
+                continue
+            ports = [
+                port["name"]
+                for container in template["spec"]["containers"]
+                for port in container.get("ports", [])
+            ]
+            name = f"{obj['kind']}/{obj['metadata']['name']}/{role}".rstrip("/")
+            pods[name] = (template["metadata"]["labels"], ports)
+    kinds = {name.split("/")[0] for name in pods}
+    assert kinds == {"Deployment", "StatefulSet", "LeaderWorkerSet"}, kinds
+    return pods
+
+
+def pod_labels(docs: list[Doc], deployment: str) -> dict[str, str]:
+    return one(docs, "Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+
+
+def allowed_from(rule: Doc, labels: dict[str, str], namespace_labels: dict[str, str]) -> bool:
+    """Whether an ingress rule admits a pod with `labels` in a namespace with
+    `namespace_labels` (a rule without `from` admits anyone)."""
+    if "from" not in rule:
+        return True
+    for peer in rule["from"]:
+        if "ipBlock" in peer:
+            continue
+        if "namespaceSelector" in peer:
+            in_namespace = selects(peer["namespaceSelector"], namespace_labels)
+        else:
+            in_namespace = namespace_labels == {"kubernetes.io/metadata.name": NAMESPACE}
+        if in_namespace and selects(peer.get("podSelector", {}), labels):
+            return True
+    return False
+
+
+OWN_NAMESPACE = {"kubernetes.io/metadata.name": NAMESPACE}
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def rules_on(policy: Doc, port: str) -> list[Doc]:
+    return [
+        rule
+        for rule in policy["spec"].get("ingress", [])
+        if "ports" not in rule or any(p["port"] == port for p in rule["ports"])
+    ]
+
+
+def admits(policy: Doc, port: str, labels: dict[str, str], namespace: dict[str, str]) -> bool:
+    return any(allowed_from(rule, labels, namespace) for rule in rules_on(policy, port))
+
+
+@needs_helm
+def test_engines_accept_only_the_gateway_and_the_monitoring_namespace(default_docs):
+    policy = one(default_docs, "NetworkPolicy", "fp-engines")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    gateway, operator = (
+        pod_labels(default_docs, "fp-gateway"),
+        pod_labels(default_docs, "fp-operator"),
+    )
+    pods = engine_pods()
+    for name, (labels, ports) in pods.items():
+        assert selects(policy["spec"]["podSelector"], labels), name
+        assert {
+            rule_port["port"] for rule in policy["spec"]["ingress"] for rule_port in rule["ports"]
+        } == {"http"}
+        if "http" in ports:
+            assert admits(policy, "http", gateway, OWN_NAMESPACE), name
+            assert admits(policy, "http", {"app": "prometheus"}, MONITORING), name
+        for stranger in (operator, {"app": "curl"}, labels):
+            assert not admits(policy, "http", stranger, OWN_NAMESPACE), (name, stranger)
+        assert not admits(policy, "http", gateway, {"kubernetes.io/metadata.name": "other"})
+    assert not selects(policy["spec"]["podSelector"], gateway)
+
+
+@needs_helm
+def test_only_chain_stages_reach_each_other_on_any_port(default_docs):
+    policy = one(default_docs, "NetworkPolicy", "fp-engine-chains")
+    pods = engine_pods()
+    chains = {name: labels for name, (labels, _) in pods.items() if "fairpool.io/chain" in labels}
+    plain = {name: labels for name, (labels, _) in pods.items() if name not in chains}
+    assert {name.split("/")[0] for name in chains} == {"StatefulSet", "LeaderWorkerSet"}
+    assert {name.split("/")[0] for name in plain} == {"Deployment"}
+    (rule,) = policy["spec"]["ingress"]
+    assert "ports" not in rule  # any port: the rendezvous, NCCL/Gloo
+    for name, labels in chains.items():
+        assert selects(policy["spec"]["podSelector"], labels), name
+        assert all(allowed_from(rule, other, OWN_NAMESPACE) for other in chains.values())
+    for name, labels in plain.items():
+        assert not selects(policy["spec"]["podSelector"], labels), name
+        assert not allowed_from(rule, labels, OWN_NAMESPACE), name
+    assert not allowed_from(rule, pod_labels(default_docs, "fp-gateway"), OWN_NAMESPACE)
+
+
+@needs_helm
+def test_the_admin_port_is_for_the_operator_and_monitoring_and_the_tenant_port_for_all(
+    default_docs, full_docs
+):
+    policy = one(default_docs, "NetworkPolicy", "fp-gateway")
+    gateway, operator = (
+        pod_labels(default_docs, "fp-gateway"),
+        pod_labels(default_docs, "fp-operator"),
+    )
+    assert selects(policy["spec"]["podSelector"], gateway)
+    assert not selects(policy["spec"]["podSelector"], operator)
+    container = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {port["name"] for port in container["ports"]} == {"http", "admin"}
+    anyone = {"app": "anything"}
+    assert admits(policy, "http", anyone, {"kubernetes.io/metadata.name": "elsewhere"})
+    assert admits(policy, "admin", operator, OWN_NAMESPACE)
+    assert admits(policy, "admin", {"app": "prometheus"}, MONITORING)
+    assert not admits(policy, "admin", anyone, OWN_NAMESPACE)
+    assert not admits(policy, "admin", anyone, {"kubernetes.io/metadata.name": "elsewhere"})
+    assert not admits(policy, "admin", gateway, OWN_NAMESPACE)
+    # Narrowed: the tenant port from the ingress namespace and a CIDR, Prometheus by label.
+    narrowed = one(full_docs, "NetworkPolicy", "fp-gateway")
+    assert rules_on(narrowed, "http")[0]["from"] == FULL_VALUES["networkPolicy"]["tenantFrom"]
+    assert not admits(narrowed, "http", anyone, OWN_NAMESPACE)
+    assert admits(narrowed, "http", anyone, {"kubernetes.io/metadata.name": "ingress"})
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    for name in ("fp-gateway", "fp-engines"):
+        narrowed = one(full_docs, "NetworkPolicy", name)
+        port = "admin" if name == "fp-gateway" else "http"
+        observability = {"kubernetes.io/metadata.name": "observability"}
+        assert admits(narrowed, port, prometheus, observability)
+        assert not admits(narrowed, port, {"app": "grafana"}, observability)
+        assert not admits(narrowed, port, prometheus, MONITORING)
+
+
+@needs_helm
+def test_the_operator_takes_no_ingress(default_docs):
+    policy = one(default_docs, "NetworkPolicy", "fp-operator")
+    assert selects(policy["spec"]["podSelector"], pod_labels(default_docs, "fp-operator"))
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in policy["spec"]
 
 
 # ------------------------------------------------------------------------------------ RBAC

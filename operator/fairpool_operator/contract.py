@@ -1,7 +1,8 @@
 """The names, labels, paths and environment the operator and the Helm chart share.
 
 Everything here is part of the contract documented in docs/operator.md: the chart's RBAC,
-Deployments and mounts are written against it. Change it there too, or not at all.
+Deployments, mounts and NetworkPolicies (which select the engine pods by ENGINE_APP,
+MANAGED_BY and CHAIN_LABEL) are written against it. Change it there too, or not at all.
 """
 
 from __future__ import annotations

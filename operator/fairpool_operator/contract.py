@@ -51,6 +51,11 @@ NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 POOL_LABEL = "fairpool.io/pool"
+#: The label a Secret must carry for the operator to read API keys from it: a TenantQuota
+#: may name only such a Secret (any other is reported, never read), so nobody who may
+#: write TenantQuotas can turn another Secret of the namespace into API keys.
+API_KEYS_LABEL = "fairpool.io/api-keys"
+API_KEYS_LABELS = {API_KEYS_LABEL: "true"}
 #: A digest of the rendered object on the object itself (never on a pod template, so that
 #: it restarts nothing): the reconciler rewrites an object whose digest differs.
 HASH_ANNOTATION = "fairpool.io/rendered-hash"

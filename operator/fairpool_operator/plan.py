@@ -2,7 +2,8 @@
 
 `plan_namespace` validates every InferencePool and TenantQuota (as the API holds them: the
 CRD schema cannot say "exactly one of path, pvc, hub" or "vllm needs model.source"), settles
-duplicates (the older object keeps a model name or a tenant id), reads each tenant's keys,
+duplicates (the older object keeps a model name, a tenant id or an API key), reads each
+tenant's keys (from Secrets labelled `fairpool.io/api-keys: "true"` only),
 and renders every pool's objects and the gateway's Secret. Whatever is wrong becomes a
 `Problem` naming the field, for the object's status; nothing raises. The operator applies
 the plan; `fairpool render` prints it.
@@ -239,9 +240,19 @@ def _keys(
         plan.problem = Problem("NoApiKeys", f"{where}: not set; no API key reaches this tenant")
         return None
     body = secrets.get(reference.name)
+    label = f'{contract.API_KEYS_LABEL}: "true"'
     if body is None:
         reason = "SecretNotFound"
-        message = f"{where}: Secret {reference.name!r} not found in namespace {namespace}"
+        message = (
+            f"{where}: Secret {reference.name!r} not found in namespace {namespace} among the "
+            f"Secrets labelled {label} (the operator reads API keys only from those)"
+        )
+    elif not _key_secret(body):
+        reason = "SecretNotLabelled"
+        message = (
+            f"{where}: Secret {reference.name!r} lacks the label {label}; the operator reads "
+            "API keys only from Secrets so labelled"
+        )
     else:
         reason = "SecretInvalid"
         try:
@@ -258,6 +269,12 @@ def _keys(
     plan.secret_problem = Problem(reason, message)
     plan.problem = plan.secret_problem
     return None
+
+
+def _key_secret(body: Mapping[str, Any]) -> bool:
+    """Whether a Secret is labelled as holding API keys (the only ones read for keys)."""
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in contract.API_KEYS_LABELS.items())
 
 
 def _refuse_shared_keys(candidates: list[tuple[TenantPlan, GatewayTenant]]) -> None:

@@ -373,9 +373,9 @@ def test_a_long_release_name_still_gives_valid_names(tmp_path):
     assert env["FAIRPOOL_GATEWAY_ADMIN_URL"] == f"http://{admin}.{NAMESPACE}:8081"
 
 
-@needs_helm
-def test_notes_print_the_next_two_commands_with_the_release_names(tmp_path):
-    # A client-side dry run renders NOTES.txt without a cluster (no kubeconfig at all).
+def notes(tmp_path: Path) -> str:
+    """NOTES.txt as `helm install prod -n llm` prints it (a client-side dry run renders it
+    without a cluster, with no kubeconfig at all)."""
     done = subprocess.run(
         [str(HELM), "install", "prod", str(CHART), "-n", "llm", "--dry-run=client"],
         capture_output=True,
@@ -384,16 +384,66 @@ def test_notes_print_the_next_two_commands_with_the_release_names(tmp_path):
         env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
-    notes = done.stdout.split("NOTES:", 1)[1]
-    assert "kubectl apply -n llm -f examples/local.yaml" in notes
-    assert "kubectl wait -n llm --for=condition=Ready pod" in notes
-    assert "app.kubernetes.io/instance=prod,app.kubernetes.io/component=gateway" in notes
-    assert "kubectl port-forward -n llm svc/prod-gateway 8080:8080" in notes
-    assert "/v1/chat/completions" in notes and "Authorization: Bearer sk-local-light-0002" in notes
-    # The NOTES' key and model are the example's.
-    example = load_manifests(ROOT / "examples" / "local.yaml")
-    assert example.secrets["light-keys"].values()["key"] == "sk-local-light-0002"
-    assert f'"model": "{example.pools[0].spec.model.name}"' in notes
+    return done.stdout.split("NOTES:", 1)[1]
+
+
+@needs_helm
+def test_notes_print_the_next_commands_with_the_release_names(tmp_path):
+    text = notes(tmp_path)
+    assert "kubectl apply -n llm -f examples/cluster.yaml" in text
+    assert "kubectl wait -n llm --for=condition=Ready pod" in text
+    assert "app.kubernetes.io/instance=prod,app.kubernetes.io/component=gateway" in text
+    assert "kubectl port-forward -n llm svc/prod-gateway 8080:8080" in text
+    assert "/v1/chat/completions" in text and 'Authorization: Bearer $LIGHT_KEY"' in text
+    assert "prod-gateway-admin-token" in text
+    example = load_manifests(ROOT / "examples" / "cluster.yaml")
+    assert f'"model": "{example.pools[0].spec.model.name}"' in text
+
+
+def example_keys() -> set[str]:
+    """Every API key written in a file of the repository's examples."""
+    keys = set()
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for secret in load_manifests(path).secrets.values():
+            keys |= {value.strip() for value in secret.values().values()}
+    return keys
+
+
+@needs_helm
+def test_notes_create_random_keys_and_never_apply_known_ones(tmp_path):
+    text = notes(tmp_path)
+    known = example_keys()
+    assert known  # local mode's examples still have theirs
+    assert not [key for key in known if key in text]
+    assert "sk-" not in text.replace('"sk-$(openssl rand -hex 24)"', "")
+    # Each tenant the applied example names gets a Secret made here with a random key,
+    # labelled as the operator wants it.
+    example = load_manifests(ROOT / "examples" / "cluster.yaml")
+    assert not example.secrets  # no key in the file
+    names = {quota.spec.api_key_secret_ref.name for quota in example.quotas}
+    assert names == {"flood-api-keys", "light-api-keys"}
+    loop = "for tenant in flood light; do"
+    assert loop in text
+    for command in (
+        'kubectl create secret generic $tenant-api-keys -n llm --from-literal=key="sk-$(openssl '
+        'rand -hex 24)"',
+        "kubectl label secret $tenant-api-keys -n llm fairpool.io/api-keys=true",
+    ):
+        assert command in text
+    assert "kubectl get secret light-api-keys -n llm -o jsonpath='{.data.key}'" in text
+
+
+def test_no_example_for_a_cluster_holds_a_key_the_operator_would_read():
+    """A key in a file is a known key: the examples meant for a cluster hold no Secret, and
+    the local-mode ones hold only Secrets without the label the operator reads keys by."""
+    contract = pytest.importorskip("fairpool_operator.contract")
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for name, secret in load_manifests(path).secrets.items():
+            labels = secret.metadata.model_dump().get("labels") or {}
+            assert contract.API_KEYS_LABEL not in labels, f"{path.name}: Secret {name}"
+            assert "Local mode only" in path.read_text(), path.name
+    for cluster in ("cluster", "gpu", "tenants-slo", "pipeline"):
+        assert not load_manifests(ROOT / "examples" / f"{cluster}.yaml").secrets, cluster
 
 
 # ------------------------------------------------------------------------- schema validation
@@ -1163,15 +1213,40 @@ def test_examples_load_and_validate_against_the_crds(path):
             kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
 
 
-def test_the_kubernetes_examples_are_a_pool_and_two_tenants_with_keys():
+def secrets_made_by_the_comments(path: Path) -> set[str]:
+    """The key Secrets an example's header tells you to create (a shell loop over tenants,
+    `kubectl create secret generic $tenant-SUFFIX` with a random key, then the label)."""
+    text = path.read_text()
+    loop = re.search(r"for (\w+) in ([\w -]+); do", text)
+    assert loop, path.name
+    variable, items = loop.group(1), loop.group(2).split()
+    create = re.search(rf"kubectl create secret generic \${variable}(-[\w-]+) ", text)
+    assert create, path.name
+    assert '--from-literal=key="sk-$(openssl rand -hex 24)"' in text, path.name
+    assert f"kubectl label secret ${variable}{create.group(1)} " in text, path.name
+    assert "fairpool.io/api-keys=true" in text, path.name
+    return {f"{item}{create.group(1)}" for item in items}
+
+
+def test_the_kubernetes_examples_name_key_secrets_their_comments_make_with_random_keys():
     gpu = load_manifests(ROOT / "examples" / "gpu.yaml")
     (pool,) = gpu.pools
     assert pool.spec.engine.kind == "vllm" and pool.spec.engine.resources.gpus == 1
     assert pool.spec.model.source is not None and pool.spec.model.source.pvc is not None
     assert len(gpu.quotas) == 2
-    for quota in gpu.quotas:
-        assert quota.spec.api_key_secret_ref is not None
-        assert quota.spec.api_key_secret_ref.name in gpu.secrets
+    for example in ("gpu", "tenants-slo", "cluster"):
+        path = ROOT / "examples" / f"{example}.yaml"
+        quotas = load_manifests(path).quotas
+        named = {q.spec.api_key_secret_ref.name for q in quotas if q.spec.api_key_secret_ref}
+        assert len(named) == len(quotas) == 2
+        assert named == secrets_made_by_the_comments(path), example
+    # Local mode's examples keep keys of their own, for the same tenants.
+    local, cluster = (load_manifests(ROOT / "examples" / f"{n}.yaml") for n in ("local", "cluster"))
+    assert [q.tenant for q in local.quotas] == [q.tenant for q in cluster.quotas]
+    assert local.pools[0].spec == cluster.pools[0].spec
+    slo_keys = load_manifests(ROOT / "examples" / "tenants-slo-keys.yaml").secrets
+    slo_names = secrets_made_by_the_comments(ROOT / "examples" / "tenants-slo.yaml")
+    assert set(slo_keys) == slo_names
     slo = load_manifests(ROOT / "examples" / "tenants-slo.yaml")
     classes = {quota.tenant: quota.spec.slo for quota in slo.quotas}
     assert classes["chat"].slo_class == "interactive"

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from gateway_helpers import engines, gateway, gateway_config, tenant_entry
+from gateway_helpers import engines, gateway, gateway_config, logging_kept, tenant_entry
 
 from fairpool.api.gateway_config import GatewayConfig
 from fairpool.api.validation import validate
@@ -154,8 +154,10 @@ def test_fairpool_gateway_refuses_shared_ports_naming_the_option(tmp_path, capsy
 
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump({"listen": {"port": 9100}, "admin": {"port": 9101}}))
-    assert main(["gateway", "--config", str(path), "--port", "9101"]) == 2
+    with logging_kept():
+        assert main(["gateway", "--config", str(path), "--port", "9101"]) == 2
     assert "--port: the tenant and admin APIs would share port 9101" in capsys.readouterr().err
     path.write_text(yaml.safe_dump({"listen": {"port": 9100}, "admin": {"port": 9100}}))
-    assert main(["gateway", "--config", str(path)]) == 2
+    with logging_kept():
+        assert main(["gateway", "--config", str(path)]) == 2
     assert "admin.port: the admin API must not share" in capsys.readouterr().err

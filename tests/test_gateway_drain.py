@@ -18,6 +18,7 @@ from gateway_helpers import (
     completion,
     engines,
     gateway_config,
+    logging_kept,
     settlements,
     tenant_entry,
 )
@@ -205,5 +206,6 @@ def test_the_drain_period_on_the_command_line_is_checked(tmp_path, capsys):
 
     path = tmp_path / "gateway.yaml"
     path.write_text("pools: []\n")
-    assert main(["gateway", "--config", str(path), "--drain-seconds", "-1"]) == 2
+    with logging_kept():
+        assert main(["gateway", "--config", str(path), "--drain-seconds", "-1"]) == 2
     assert "--drain-seconds: must be within 0 and 3600" in capsys.readouterr().err

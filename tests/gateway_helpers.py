@@ -99,6 +99,19 @@ def settlements(running: GatewayThread) -> Iterator[Settlements]:
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def logging_kept() -> Iterator[None]:
+    """For tests that run `fairpool gateway` in-process: its `configure_logging` gives the
+    "fairpool" logger a handler of its own and stops propagation; put both back after."""
+    logger = logging.getLogger("fairpool")
+    handlers, propagate, level = logger.handlers[:], logger.propagate, logger.level
+    try:
+        yield
+    finally:
+        logger.handlers[:], logger.propagate = handlers, propagate
+        logger.setLevel(level)
+
+
 def service(record: logging.LogRecord) -> float:
     """What the gateway charged for a settled request (the default cost: 1 per uncached
     prompt token, 2 per output token)."""

@@ -8,6 +8,7 @@ the CRD schemas here too."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import subprocess
@@ -21,7 +22,7 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 from prometheus_client import CollectorRegistry
 
-from fairpool.api.gateway_config import load_gateway_config
+from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.api.manifests import load_manifests
 
 pytestmark = pytest.mark.subprocess
@@ -90,11 +91,21 @@ FULL_VALUES: Doc = {
         "podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
     },
     "grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}},
+    "networkPolicy": {
+        "tenantFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}},
+            {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.9.0.0/16"]}},
+        ],
+        "monitoring": {
+            "namespace": "observability",
+            "podLabels": {"app.kubernetes.io/name": "prometheus"},
+        },
+    },
 }
 
 EMPTY_GATEWAY_CONFIG = (
     "pools: []\ntenants: []\nlisten: {host: 0.0.0.0, port: 8080}\n"
-    "admin: {host: 0.0.0.0, port: 8081}\n"
+    "admin: {host: 0.0.0.0, port: 8081, tokenFile: /etc/fairpool/admin-token/token}\n"
 )
 
 
@@ -201,6 +212,17 @@ _ENDPOINT = {
         "scheme": {"type": "string", "enum": ["http", "https", "HTTP", "HTTPS"]},
         "interval": _DURATION,
         "scrapeTimeout": _DURATION,
+        "authorization": {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string"},
+                "credentials": {
+                    "type": "object",
+                    "required": ["key"],
+                    "properties": {"name": {"type": "string"}, "key": {"type": "string"}},
+                },
+            },
+        },
         "relabelings": {
             "type": "array",
             "items": {
@@ -288,11 +310,16 @@ def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs
             "Deployment/fp-gateway",
             "Deployment/fp-operator",
             "KopfPeering/fairpool",
+            "NetworkPolicy/fp-engine-chains",
+            "NetworkPolicy/fp-engines",
+            "NetworkPolicy/fp-gateway",
+            "NetworkPolicy/fp-operator",
             "Role/fp-gateway",
             "Role/fp-operator",
             "RoleBinding/fp-gateway",
             "RoleBinding/fp-operator",
             "Secret/fairpool-gateway-config",
+            "Secret/fp-gateway-admin-token",
             "Service/fp-gateway",
             "Service/fp-gateway-admin",
             "ServiceAccount/fp-gateway",
@@ -321,10 +348,12 @@ def test_optional_parts_can_be_turned_off(tmp_path):
         tmp_path,
         None,
         "--set",
-        "rbac.create=false,operator.serviceAccount.create=false,grafana.dashboard.enabled=false",
+        "rbac.create=false,operator.serviceAccount.create=false,grafana.dashboard.enabled=false,"
+        "networkPolicy.enabled=false",
     )
     kinds = {doc["kind"] for doc in docs}
     assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap"}
+    assert "NetworkPolicy" not in kinds
     assert (
         one(docs, "Deployment", "fp-operator")["spec"]["template"]["spec"]["serviceAccountName"]
         == "default"
@@ -344,9 +373,9 @@ def test_a_long_release_name_still_gives_valid_names(tmp_path):
     assert env["FAIRPOOL_GATEWAY_ADMIN_URL"] == f"http://{admin}.{NAMESPACE}:8081"
 
 
-@needs_helm
-def test_notes_print_the_next_two_commands_with_the_release_names(tmp_path):
-    # A client-side dry run renders NOTES.txt without a cluster (no kubeconfig at all).
+def notes(tmp_path: Path) -> str:
+    """NOTES.txt as `helm install prod -n llm` prints it (a client-side dry run renders it
+    without a cluster, with no kubeconfig at all)."""
     done = subprocess.run(
         [str(HELM), "install", "prod", str(CHART), "-n", "llm", "--dry-run=client"],
         capture_output=True,
@@ -355,16 +384,66 @@ def test_notes_print_the_next_two_commands_with_the_release_names(tmp_path):
         env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
-    notes = done.stdout.split("NOTES:", 1)[1]
-    assert "kubectl apply -n llm -f examples/local.yaml" in notes
-    assert "kubectl wait -n llm --for=condition=Ready pod" in notes
-    assert "app.kubernetes.io/instance=prod,app.kubernetes.io/component=gateway" in notes
-    assert "kubectl port-forward -n llm svc/prod-gateway 8080:8080" in notes
-    assert "/v1/chat/completions" in notes and "Authorization: Bearer sk-local-light-0002" in notes
-    # The NOTES' key and model are the example's.
-    example = load_manifests(ROOT / "examples" / "local.yaml")
-    assert example.secrets["light-keys"].values()["key"] == "sk-local-light-0002"
-    assert f'"model": "{example.pools[0].spec.model.name}"' in notes
+    return done.stdout.split("NOTES:", 1)[1]
+
+
+@needs_helm
+def test_notes_print_the_next_commands_with_the_release_names(tmp_path):
+    text = notes(tmp_path)
+    assert "kubectl apply -n llm -f examples/cluster.yaml" in text
+    assert "kubectl wait -n llm --for=condition=Ready pod" in text
+    assert "app.kubernetes.io/instance=prod,app.kubernetes.io/component=gateway" in text
+    assert "kubectl port-forward -n llm svc/prod-gateway 8080:8080" in text
+    assert "/v1/chat/completions" in text and 'Authorization: Bearer $LIGHT_KEY"' in text
+    assert "prod-gateway-admin-token" in text
+    example = load_manifests(ROOT / "examples" / "cluster.yaml")
+    assert f'"model": "{example.pools[0].spec.model.name}"' in text
+
+
+def example_keys() -> set[str]:
+    """Every API key written in a file of the repository's examples."""
+    keys = set()
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for secret in load_manifests(path).secrets.values():
+            keys |= {value.strip() for value in secret.values().values()}
+    return keys
+
+
+@needs_helm
+def test_notes_create_random_keys_and_never_apply_known_ones(tmp_path):
+    text = notes(tmp_path)
+    known = example_keys()
+    assert known  # local mode's examples still have theirs
+    assert not [key for key in known if key in text]
+    assert "sk-" not in text.replace('"sk-$(openssl rand -hex 24)"', "")
+    # Each tenant the applied example names gets a Secret made here with a random key,
+    # labelled as the operator wants it.
+    example = load_manifests(ROOT / "examples" / "cluster.yaml")
+    assert not example.secrets  # no key in the file
+    names = {quota.spec.api_key_secret_ref.name for quota in example.quotas}
+    assert names == {"flood-api-keys", "light-api-keys"}
+    loop = "for tenant in flood light; do"
+    assert loop in text
+    for command in (
+        'kubectl create secret generic $tenant-api-keys -n llm --from-literal=key="sk-$(openssl '
+        'rand -hex 24)"',
+        "kubectl label secret $tenant-api-keys -n llm fairpool.io/api-keys=true",
+    ):
+        assert command in text
+    assert "kubectl get secret light-api-keys -n llm -o jsonpath='{.data.key}'" in text
+
+
+def test_no_example_for_a_cluster_holds_a_key_the_operator_would_read():
+    """A key in a file is a known key: the examples meant for a cluster hold no Secret, and
+    the local-mode ones hold only Secrets without the label the operator reads keys by."""
+    contract = pytest.importorskip("fairpool_operator.contract")
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for name, secret in load_manifests(path).secrets.items():
+            labels = secret.metadata.model_dump().get("labels") or {}
+            assert contract.API_KEYS_LABEL not in labels, f"{path.name}: Secret {name}"
+            assert "Local mode only" in path.read_text(), path.name
+    for cluster in ("cluster", "gpu", "tenants-slo", "pipeline"):
+        assert not load_manifests(ROOT / "examples" / f"{cluster}.yaml").secrets, cluster
 
 
 # ------------------------------------------------------------------------- schema validation
@@ -527,6 +606,8 @@ def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
         "gateway",
         "--config",
         "/etc/fairpool/gateway/gateway.yaml",
+        "--drain-seconds",
+        "45",
     ]
     assert container["image"] == "r/gw:dev"
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
@@ -551,6 +632,38 @@ def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
         {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
     ]
     assert admin["spec"]["type"] == "ClusterIP"
+
+
+@needs_helm
+def test_a_rollout_drains_the_gateway_within_its_grace_period(default_docs, tmp_path):
+    spec = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop == ["sleep", "5"]  # the pod leaves the endpoints before SIGTERM
+    command = container["command"]
+    drain = float(command[command.index("--drain-seconds") + 1])
+    grace = spec["terminationGracePeriodSeconds"]
+    # preStop, the drain, then up to 5 s for the cut requests to end and 5 s for uvicorn.
+    assert 5 + drain + 10 <= grace == 60
+    assert drain == GatewayConfig().drain_seconds  # the gateway's own default, too
+    docs = render(
+        tmp_path,
+        {
+            "gateway": {
+                "shutdown": {
+                    "preStopSeconds": 10,
+                    "drainSeconds": 280,
+                    "terminationGracePeriodSeconds": 300,
+                }
+            }
+        },
+    )
+    container = one(docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][-1] == "280"
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    done = helm("template", "x", str(CHART), "--set", "gateway.shutdown.drainSeconds=50")
+    assert done.returncode != 0
+    assert "preStopSeconds (5) + drainSeconds (50) + 10 must not exceed" in done.stderr
 
 
 @needs_helm
@@ -580,6 +693,57 @@ def test_config_secret_starts_empty_is_kept_and_loads(default_docs, tmp_path):
     assert config.pools == [] and config.tenants == []
     assert (config.listen.port, config.admin.port) == (8080, 8081)
     assert config.admin.host == "0.0.0.0"  # reachable through the admin Service
+    assert config.admin.token_file == "/etc/fairpool/admin-token/token"  # so it wants a token
+
+
+def mounted_token_path(deployment: Doc) -> str:
+    """Where the pod finds the admin token: its mount of the token Secret, and the key."""
+    spec = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "admin-token"]
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "admin-token"]
+    assert mount["readOnly"] is True and "subPath" not in mount  # a folder: rotation is seen
+    assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+    return f"{mount['mountPath']}/token"
+
+
+@needs_helm
+def test_the_admin_token_is_random_mounted_and_sent_by_the_operator_and_prometheus(
+    default_docs, full_docs, tmp_path
+):
+    secret = one(default_docs, "Secret", "fp-gateway-admin-token")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 48 and token.isalnum()
+    again = one(render(), "Secret", "fp-gateway-admin-token")
+    assert base64.b64decode(again["data"]["token"]).decode() != token  # not a known value
+    gateway, operator = (
+        one(default_docs, "Deployment", f"fp-{name}") for name in ("gateway", "operator")
+    )
+    for deployment in (gateway, operator):
+        volume = next(
+            v
+            for v in deployment["spec"]["template"]["spec"]["volumes"]
+            if v["name"] == "admin-token"
+        )
+        assert volume["secret"]["secretName"] == "fp-gateway-admin-token"
+    text = base64.b64decode(
+        one(default_docs, "Secret", "fairpool-gateway-config")["data"]["gateway.yaml"]
+    )
+    assert yaml.safe_load(text)["admin"]["tokenFile"] == mounted_token_path(gateway)
+    assert container_env(operator)["FAIRPOOL_GATEWAY_ADMIN_TOKEN_FILE"] == mounted_token_path(
+        operator
+    )
+    (monitor,) = by_kind(full_docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "fp-gateway-admin-token", "key": "token"},
+    }
+    # A Secret of your own instead: the chart makes none and everything names yours.
+    docs = render(tmp_path, None, "--set", "gateway.adminToken.existingSecret=my-token")
+    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-token")]
+    for name in ("gateway", "operator"):
+        spec = one(docs, "Deployment", f"fp-{name}")["spec"]["template"]["spec"]
+        volume = next(v for v in spec["volumes"] if v["name"] == "admin-token")
+        assert volume["secret"]["secretName"] == "my-token"
 
 
 @needs_helm
@@ -622,13 +786,21 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
     mount = next(m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == "config")
     assert mount["mountPath"] == contract.GATEWAY_DIR and "subPath" not in mount
     command = gateway["containers"][0]["command"]
-    assert command[-1] == f"{contract.GATEWAY_DIR}/{contract.GATEWAY_KEY}"
+    assert (
+        command[command.index("--config") + 1] == f"{contract.GATEWAY_DIR}/{contract.GATEWAY_KEY}"
+    )
     ports = {p["name"]: p["containerPort"] for p in gateway["containers"][0]["ports"]}
     assert ports == {
         "http": contract.GATEWAY_LISTEN["port"],
         "admin": contract.GATEWAY_ADMIN["port"],
     }
     assert env[contract.GATEWAY_ADMIN_URL_ENV].endswith(f":{contract.GATEWAY_ADMIN['port']}")
+    assert env[contract.GATEWAY_ADMIN_TOKEN_FILE_ENV] == contract.ADMIN_TOKEN_PATH
+    assert contract.GATEWAY_ADMIN["tokenFile"] == contract.ADMIN_TOKEN_PATH
+    token_mount = next(
+        m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == "admin-token"
+    )
+    assert token_mount["mountPath"] == contract.ADMIN_TOKEN_DIR
     assert gateway["securityContext"]["runAsUser"] == contract.RUN_AS
     (monitor,) = by_kind(full_docs, "PodMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
@@ -637,6 +809,192 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
     assert endpoint["port"] == contract.PORT_NAME
     label = re.sub(r"[^a-zA-Z0-9_]", "_", contract.POOL_LABEL)
     assert endpoint["relabelings"][0]["sourceLabels"] == [f"__meta_kubernetes_pod_label_{label}"]
+
+
+# ------------------------------------------------------------------------ NetworkPolicies
+
+
+def selects(selector: Doc, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions) selects these labels."""
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        found = {
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+            "In": labels.get(key) in (values or []),
+            "NotIn": labels.get(key) not in (values or []),
+        }[operator]
+        if not found:
+            return False
+    return True
+
+
+@functools.cache
+def engine_pods() -> dict[str, tuple[dict[str, str], list[str]]]:
+    """Every kind of engine pod the operator renders, from the examples and a placement pool
+    as LeaderWorkerSets: name → (labels, container port names)."""
+    from fairpool_operator.config import OperatorConfig
+    from fairpool_operator.dry_run import render_files
+    from fairpool_operator.plan import plan_namespace
+
+    objects = []
+    for example in ("local", "gpu", "pipeline"):
+        objects += render_files([ROOT / "examples" / f"{example}.yaml"], NAMESPACE, {}).objects
+    pipeline = yaml.safe_load((ROOT / "examples" / "pipeline.yaml").read_text())
+    pipeline["metadata"]["uid"] = "uid"
+    pipeline["spec"]["placement"]["workload"] = {
+        "arrivalRate": 1.0,
+        "meanInputTokens": 2000,
+        "meanOutputTokens": 200,
+    }
+    lws = OperatorConfig(namespace=NAMESPACE, leader_worker_set=True)
+    objects += plan_namespace([pipeline], [], {}, lws).objects
+    pods = {}
+    for obj in objects:
+        spec = obj.get("spec", {})
+        templates = {"": spec.get("template")}
+        if obj["kind"] == "LeaderWorkerSet":
+            group = spec["leaderWorkerTemplate"]
+            templates = {"leader": group.get("leaderTemplate"), "worker": group["workerTemplate"]}
+        for role, template in templates.items():
+            if template is None:
+                continue
+            ports = [
+                port["name"]
+                for container in template["spec"]["containers"]
+                for port in container.get("ports", [])
+            ]
+            name = f"{obj['kind']}/{obj['metadata']['name']}/{role}".rstrip("/")
+            pods[name] = (template["metadata"]["labels"], ports)
+    kinds = {name.split("/")[0] for name in pods}
+    assert kinds == {"Deployment", "StatefulSet", "LeaderWorkerSet"}, kinds
+    return pods
+
+
+def pod_labels(docs: list[Doc], deployment: str) -> dict[str, str]:
+    return one(docs, "Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+
+
+def allowed_from(rule: Doc, labels: dict[str, str], namespace_labels: dict[str, str]) -> bool:
+    """Whether an ingress rule admits a pod with `labels` in a namespace with
+    `namespace_labels` (a rule without `from` admits anyone)."""
+    if "from" not in rule:
+        return True
+    for peer in rule["from"]:
+        if "ipBlock" in peer:
+            continue
+        if "namespaceSelector" in peer:
+            in_namespace = selects(peer["namespaceSelector"], namespace_labels)
+        else:
+            in_namespace = namespace_labels == {"kubernetes.io/metadata.name": NAMESPACE}
+        if in_namespace and selects(peer.get("podSelector", {}), labels):
+            return True
+    return False
+
+
+OWN_NAMESPACE = {"kubernetes.io/metadata.name": NAMESPACE}
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def rules_on(policy: Doc, port: str) -> list[Doc]:
+    return [
+        rule
+        for rule in policy["spec"].get("ingress", [])
+        if "ports" not in rule or any(p["port"] == port for p in rule["ports"])
+    ]
+
+
+def admits(policy: Doc, port: str, labels: dict[str, str], namespace: dict[str, str]) -> bool:
+    return any(allowed_from(rule, labels, namespace) for rule in rules_on(policy, port))
+
+
+@needs_helm
+def test_engines_accept_only_the_gateway_and_the_monitoring_namespace(default_docs):
+    policy = one(default_docs, "NetworkPolicy", "fp-engines")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    gateway, operator = (
+        pod_labels(default_docs, "fp-gateway"),
+        pod_labels(default_docs, "fp-operator"),
+    )
+    pods = engine_pods()
+    for name, (labels, ports) in pods.items():
+        assert selects(policy["spec"]["podSelector"], labels), name
+        assert {
+            rule_port["port"] for rule in policy["spec"]["ingress"] for rule_port in rule["ports"]
+        } == {"http"}
+        if "http" in ports:
+            assert admits(policy, "http", gateway, OWN_NAMESPACE), name
+            assert admits(policy, "http", {"app": "prometheus"}, MONITORING), name
+        for stranger in (operator, {"app": "curl"}, labels):
+            assert not admits(policy, "http", stranger, OWN_NAMESPACE), (name, stranger)
+        assert not admits(policy, "http", gateway, {"kubernetes.io/metadata.name": "other"})
+    assert not selects(policy["spec"]["podSelector"], gateway)
+
+
+@needs_helm
+def test_only_chain_stages_reach_each_other_on_any_port(default_docs):
+    policy = one(default_docs, "NetworkPolicy", "fp-engine-chains")
+    pods = engine_pods()
+    chains = {name: labels for name, (labels, _) in pods.items() if "fairpool.io/chain" in labels}
+    plain = {name: labels for name, (labels, _) in pods.items() if name not in chains}
+    assert {name.split("/")[0] for name in chains} == {"StatefulSet", "LeaderWorkerSet"}
+    assert {name.split("/")[0] for name in plain} == {"Deployment"}
+    (rule,) = policy["spec"]["ingress"]
+    assert "ports" not in rule  # any port: the rendezvous, NCCL/Gloo
+    for name, labels in chains.items():
+        assert selects(policy["spec"]["podSelector"], labels), name
+        assert all(allowed_from(rule, other, OWN_NAMESPACE) for other in chains.values())
+    for name, labels in plain.items():
+        assert not selects(policy["spec"]["podSelector"], labels), name
+        assert not allowed_from(rule, labels, OWN_NAMESPACE), name
+    assert not allowed_from(rule, pod_labels(default_docs, "fp-gateway"), OWN_NAMESPACE)
+
+
+@needs_helm
+def test_the_admin_port_is_for_the_operator_and_monitoring_and_the_tenant_port_for_all(
+    default_docs, full_docs
+):
+    policy = one(default_docs, "NetworkPolicy", "fp-gateway")
+    gateway, operator = (
+        pod_labels(default_docs, "fp-gateway"),
+        pod_labels(default_docs, "fp-operator"),
+    )
+    assert selects(policy["spec"]["podSelector"], gateway)
+    assert not selects(policy["spec"]["podSelector"], operator)
+    container = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {port["name"] for port in container["ports"]} == {"http", "admin"}
+    anyone = {"app": "anything"}
+    assert admits(policy, "http", anyone, {"kubernetes.io/metadata.name": "elsewhere"})
+    assert admits(policy, "admin", operator, OWN_NAMESPACE)
+    assert admits(policy, "admin", {"app": "prometheus"}, MONITORING)
+    assert not admits(policy, "admin", anyone, OWN_NAMESPACE)
+    assert not admits(policy, "admin", anyone, {"kubernetes.io/metadata.name": "elsewhere"})
+    assert not admits(policy, "admin", gateway, OWN_NAMESPACE)
+    # Narrowed: the tenant port from the ingress namespace and a CIDR, Prometheus by label.
+    narrowed = one(full_docs, "NetworkPolicy", "fp-gateway")
+    assert rules_on(narrowed, "http")[0]["from"] == FULL_VALUES["networkPolicy"]["tenantFrom"]
+    assert not admits(narrowed, "http", anyone, OWN_NAMESPACE)
+    assert admits(narrowed, "http", anyone, {"kubernetes.io/metadata.name": "ingress"})
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    for name in ("fp-gateway", "fp-engines"):
+        narrowed = one(full_docs, "NetworkPolicy", name)
+        port = "admin" if name == "fp-gateway" else "http"
+        observability = {"kubernetes.io/metadata.name": "observability"}
+        assert admits(narrowed, port, prometheus, observability)
+        assert not admits(narrowed, port, {"app": "grafana"}, observability)
+        assert not admits(narrowed, port, prometheus, MONITORING)
+
+
+@needs_helm
+def test_the_operator_takes_no_ingress(default_docs):
+    policy = one(default_docs, "NetworkPolicy", "fp-operator")
+    assert selects(policy["spec"]["podSelector"], pod_labels(default_docs, "fp-operator"))
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in policy["spec"]
 
 
 # ------------------------------------------------------------------------------------ RBAC
@@ -855,15 +1213,40 @@ def test_examples_load_and_validate_against_the_crds(path):
             kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
 
 
-def test_the_kubernetes_examples_are_a_pool_and_two_tenants_with_keys():
+def secrets_made_by_the_comments(path: Path) -> set[str]:
+    """The key Secrets an example's header tells you to create (a shell loop over tenants,
+    `kubectl create secret generic $tenant-SUFFIX` with a random key, then the label)."""
+    text = path.read_text()
+    loop = re.search(r"for (\w+) in ([\w -]+); do", text)
+    assert loop, path.name
+    variable, items = loop.group(1), loop.group(2).split()
+    create = re.search(rf"kubectl create secret generic \${variable}(-[\w-]+) ", text)
+    assert create, path.name
+    assert '--from-literal=key="sk-$(openssl rand -hex 24)"' in text, path.name
+    assert f"kubectl label secret ${variable}{create.group(1)} " in text, path.name
+    assert "fairpool.io/api-keys=true" in text, path.name
+    return {f"{item}{create.group(1)}" for item in items}
+
+
+def test_the_kubernetes_examples_name_key_secrets_their_comments_make_with_random_keys():
     gpu = load_manifests(ROOT / "examples" / "gpu.yaml")
     (pool,) = gpu.pools
     assert pool.spec.engine.kind == "vllm" and pool.spec.engine.resources.gpus == 1
     assert pool.spec.model.source is not None and pool.spec.model.source.pvc is not None
     assert len(gpu.quotas) == 2
-    for quota in gpu.quotas:
-        assert quota.spec.api_key_secret_ref is not None
-        assert quota.spec.api_key_secret_ref.name in gpu.secrets
+    for example in ("gpu", "tenants-slo", "cluster"):
+        path = ROOT / "examples" / f"{example}.yaml"
+        quotas = load_manifests(path).quotas
+        named = {q.spec.api_key_secret_ref.name for q in quotas if q.spec.api_key_secret_ref}
+        assert len(named) == len(quotas) == 2
+        assert named == secrets_made_by_the_comments(path), example
+    # Local mode's examples keep keys of their own, for the same tenants.
+    local, cluster = (load_manifests(ROOT / "examples" / f"{n}.yaml") for n in ("local", "cluster"))
+    assert [q.tenant for q in local.quotas] == [q.tenant for q in cluster.quotas]
+    assert local.pools[0].spec == cluster.pools[0].spec
+    slo_keys = load_manifests(ROOT / "examples" / "tenants-slo-keys.yaml").secrets
+    slo_names = secrets_made_by_the_comments(ROOT / "examples" / "tenants-slo.yaml")
+    assert set(slo_keys) == slo_names
     slo = load_manifests(ROOT / "examples" / "tenants-slo.yaml")
     classes = {quota.tenant: quota.spec.slo for quota in slo.quotas}
     assert classes["chat"].slo_class == "interactive"

@@ -5,12 +5,14 @@ client that stops reading is cut after the write timeout."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from fairpool.front import Outcome
 from fairpool_gateway.app import RelayResponse
+from fairpool_gateway.drain import Drain
 from fairpool_gateway.protocol import CHUNKS
 from fairpool_gateway.proxy import StreamRelay
 
@@ -73,6 +75,7 @@ class Exchange:
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
+        self.gateway = SimpleNamespace(drain=Drain())  # not shutting down
 
     def settle(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)

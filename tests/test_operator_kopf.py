@@ -61,11 +61,13 @@ def tenant(name: str, weight: float, pools: list[str]) -> dict[str, Any]:
     }
 
 
-def secret(name: str, key: str) -> dict[str, Any]:
+def secret(name: str, key: str, labelled: bool = True) -> dict[str, Any]:
+    """A key Secret (labelled `fairpool.io/api-keys: "true"` unless `labelled` is false)."""
+    labels = {"fairpool.io/api-keys": "true"} if labelled else {}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
         "data": {"key": base64.b64encode(key.encode()).decode()},
     }
 
@@ -253,6 +255,11 @@ def test_create_scale_reweigh_delete_and_restart(cluster_env: Path) -> None:
                 await eventually(lambda: resumed_watches(emulator) >= {POOLS, TENANTS})
             outputs.append(runner.output)
             assert runner.exit_code == 0 and runner.exception is None
+            # Secrets are listed and watched by the key label only: no other is ever read.
+            collection = f"/api/v1/namespaces/{NS}/secrets"
+            reads = [r for r in emulator["get"] if r.url.path == collection]
+            assert {r.params.get("watch") for r in reads} >= {None, "true"}  # lists and watches
+            assert {r.params.get("labelSelector") for r in reads} == {"fairpool.io/api-keys=true"}
             # ... and nothing was handled twice (one Deployment created, patched once).
             assert len(emulator[f"post /apis/apps/v1/namespaces/{NS}/deployments"]) == 1
 
@@ -397,6 +404,8 @@ def test_handlers_are_plain_functions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.scanning.disabled is True
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.finalizer == "fairpool.io/kopf-finalizer"
+    secrets = kopf.Resource("", "v1", "secrets", namespaced=True)
+    assert list(settings.watching.label_selectors.collect(secrets)) == ["fairpool.io/api-keys=true"]
     created = {(kind, name) for verb, kind, name in api.take_writes() if verb == "create"}
     assert ("Secret", "fairpool-gateway-config") in created and len(created) == 4
 

@@ -14,6 +14,7 @@ import yaml
 from operator_fakes import FakeApi
 from polling import DEADLINE, wait_until
 
+from fairpool.api.gateway_config import key_digest
 from fairpool_operator.api import ApiError
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.reconcile import Reconciler, contains, up_to_date
@@ -48,9 +49,13 @@ def tenant(name: str, weight: float, pools: list[str]) -> dict[str, Any]:
     }
 
 
-def secret(name: str, *keys: str) -> dict[str, Any]:
+def secret(name: str, *keys: str, labelled: bool = True) -> dict[str, Any]:
+    """A key Secret (labelled `fairpool.io/api-keys: "true"` unless `labelled` is false)."""
     data = {f"k{i}": base64.b64encode(key.encode()).decode() for i, key in enumerate(keys)}
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+    metadata: dict[str, Any] = {"name": name}
+    if labelled:
+        metadata["labels"] = {"fairpool.io/api-keys": "true"}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data}
 
 
 def clock() -> Any:
@@ -437,3 +442,55 @@ def test_api_errors_propagate_but_missing_objects_do_not() -> None:
     else:
         raise AssertionError("a refused write must surface (kopf retries the handler)")
     assert reconciler.refresh_pool_status("gone") == []
+
+
+class ReadRecordingApi(FakeApi):
+    """A FakeApi that remembers the name of every Secret it handed to the operator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets_read: set[str] = set()
+
+    def get(self, kind: Any, name: str) -> dict[str, Any] | None:
+        body = super().get(kind, name)
+        if body is not None and kind.kind == "Secret":
+            self.secrets_read.add(name)
+        return body
+
+    def list(self, kind: Any, labels: Any = None) -> list[dict[str, Any]]:
+        bodies = super().list(kind, labels)
+        if kind.kind == "Secret":
+            self.secrets_read |= {body["metadata"]["name"] for body in bodies}
+        return bodies
+
+
+def test_a_tenant_naming_an_unlabelled_secret_is_told_and_the_secret_never_read() -> None:
+    api = ReadRecordingApi()
+    api.put(pool("chat"))
+    api.put(tenant("acme", 1, ["chat"]))
+    api.put(secret("acme-keys", "sk-a"))
+    api.put(tenant("mallory", 1, ["chat"]))
+    api.objects["TenantQuota", "mallory"]["spec"]["apiKeySecretRef"] = {"name": "db-password"}
+    api.put(secret("db-password", "correct-horse", labelled=False))  # someone else's Secret
+    reconciler = Reconciler(api, CONFIG, clock())
+    reconciler.reconcile()
+    assert "db-password" not in api.secrets_read
+    assert [t["tenant"] for t in gateway(api)["tenants"]] == ["acme"]
+    assert key_digest("correct-horse") not in str(api.objects["Secret", "fairpool-gateway-config"])
+    conditions = {
+        c["type"]: c for c in api.objects["TenantQuota", "mallory"]["status"]["conditions"]
+    }
+    missing = conditions["SecretMissing"]
+    assert (missing["status"], missing["reason"]) == ("True", "SecretNotFound")
+    assert missing["message"] == (
+        "spec.apiKeySecretRef: Secret 'db-password' not found in namespace serving among the "
+        'Secrets labelled fairpool.io/api-keys: "true" (the operator reads API keys only from '
+        "those)"
+    )
+    assert conditions["Ready"]["status"] == "False"
+
+    # Labelled by whoever owns it, it becomes a key Secret like any other.
+    api.objects["Secret", "db-password"]["metadata"]["labels"] = {"fairpool.io/api-keys": "true"}
+    reconciler.reconcile()
+    assert "db-password" in api.secrets_read
+    assert [t["tenant"] for t in gateway(api)["tenants"]] == ["acme", "mallory"]

@@ -65,9 +65,13 @@ def tenant_body(name: str, weight: float = 1, pools: list[str] | None = None, **
     return body
 
 
-def secret_body(name: str, **keys: str) -> dict[str, Any]:
+def secret_body(name: str, labelled: bool = True, **keys: str) -> dict[str, Any]:
+    """A key Secret (labelled `fairpool.io/api-keys: "true"` unless `labelled` is false)."""
     data = {key: base64.b64encode(value.encode()).decode() for key, value in keys.items()}
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+    metadata: dict[str, Any] = {"name": name}
+    if labelled:
+        metadata["labels"] = {"fairpool.io/api-keys": "true"}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data}
 
 
 def pool(**spec: Any) -> InferencePool:
@@ -401,15 +405,25 @@ def test_tenant_secrets_missing_or_without_the_key_name_the_secret_and_key() -> 
         tenant_body("nokeys", apiKeySecretRef=None),
         tenant_body("ok", apiKeySecretRef={"name": "shared", "key": "primary"}),
         tenant_body("lost", pools=["gone"], apiKeySecretRef={"name": "shared"}),
+        tenant_body("stray", apiKeySecretRef={"name": "app-credentials"}),
     ]
     secrets = {
         "shared": secret_body("shared", primary="sk-primary"),
         "blank": secret_body("blank", key="  "),
+        "app-credentials": secret_body("app-credentials", labelled=False, password="hunter2"),
     }
     plan = plan_namespace([pool_body()], tenants, secrets, CONFIG)
     by_name = {t.name: t for t in plan.tenants}
     expected = {
-        "nosecret": ("SecretNotFound", "Secret 'nosecret-keys' not found in namespace serving"),
+        "nosecret": (
+            "SecretNotFound",
+            "Secret 'nosecret-keys' not found in namespace serving among the Secrets labelled "
+            'fairpool.io/api-keys: "true"',
+        ),
+        "stray": (
+            "SecretNotLabelled",
+            "Secret 'app-credentials' lacks the label fairpool.io/api-keys: \"true\"",
+        ),
         "nokey": ("KeyNotFound", "Secret 'shared' has no key 'token'"),
         "empty": ("NoKeys", "holds no API key"),
     }
@@ -429,6 +443,31 @@ def test_tenant_secrets_missing_or_without_the_key_name_the_secret_and_key() -> 
     assert condition(ok, "Ready")["status"] == "True"
     assert condition(ok, "SecretMissing")["status"] == "False"
     assert [t.tenant for t in plan.gateway.tenants] == ["ok"]
+    assert key_digest("hunter2") not in json.dumps(plan.gateway_secret)
+
+
+def test_a_key_shared_by_two_tenants_stays_with_the_older_and_the_other_is_told() -> None:
+    older = tenant_body("acme", apiKeySecretRef={"name": "team-keys"})
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    newer = tenant_body("zeta", apiKeySecretRef={"name": "copied-keys"})
+    newer["metadata"]["creationTimestamp"] = "2026-02-01T00:00:00Z"
+    also = tenant_body("beta", apiKeySecretRef={"name": "team-keys"})  # the same Secret
+    also["metadata"]["creationTimestamp"] = "2026-03-01T00:00:00Z"
+    secrets = {
+        "team-keys": secret_body("team-keys", key="sk-team"),
+        "copied-keys": secret_body("copied-keys", mine="sk-zeta", copied="sk-team"),
+    }
+    plan = plan_namespace([pool_body()], [newer, also, older], secrets, CONFIG)  # no raise
+    assert [t.tenant for t in plan.gateway.tenants] == ["acme"]
+    by_name = {t.name: t for t in plan.tenants}
+    for name, secret in (("zeta", "copied-keys"), ("beta", "team-keys")):
+        ready = condition(tenant_status(by_name[name]), "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "DuplicateKey"), name
+        assert ready["message"] == (
+            f"spec.apiKeySecretRef: a key in Secret {secret!r} is already the key of "
+            "TenantQuota acme; a key must name one tenant"
+        )
+    assert condition(tenant_status(by_name["acme"]), "Ready")["status"] == "True"
 
 
 # --- statuses fit the CRDs ----------------------------------------------------------------------
@@ -491,7 +530,17 @@ def test_statuses_validate_against_the_crd_status_schemas() -> None:
 
 
 def test_fairpool_render_prints_what_the_operator_creates(tmp_path: Path, capsys) -> None:
-    assert main(["render", "-f", str(ROOT / "examples" / "local.yaml"), "-n", "team-a"]) == 0
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        yaml.safe_dump_all(
+            [
+                secret_body("flood-keys", key="sk-local-flood-0001"),
+                secret_body("light-keys", key="k"),
+            ]
+        )
+    )
+    example = str(ROOT / "examples" / "local.yaml")
+    assert main(["render", "-f", example, "-f", str(keys), "-n", "team-a"]) == 0
     objects = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
         ("ConfigMap", "chat-scheduler"),
@@ -506,7 +555,7 @@ def test_fairpool_render_prints_what_the_operator_creates(tmp_path: Path, capsys
     assert "sk-local" not in gateway and key_digest("sk-local-flood-0001") in gateway
     assert objects[2]["metadata"]["ownerReferences"][0]["uid"] == "<uid of the InferencePool>"
 
-    assert main(["render", "-f", str(ROOT / "examples" / "local.yaml"), "-o", "json"]) == 0
+    assert main(["render", "-f", example, "-f", str(keys), "-o", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["kind"] == "List" and len(listed["items"]) == 4
 

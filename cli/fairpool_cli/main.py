@@ -164,6 +164,13 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--host", help="tenant API interface (default: the configuration's)")
     gateway.add_argument("--port", type=int, help="tenant API port (default: the configuration's)")
     gateway.add_argument("--admin-port", type=int, help="admin API port (metrics, tenant state)")
+    gateway.add_argument(
+        "--drain-seconds",
+        type=float,
+        metavar="S",
+        help="on SIGTERM, how long requests in flight may finish (default: the configuration's "
+        "drainSeconds, 45)",
+    )
     gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     gateway.set_defaults(handler=_gateway)
 
@@ -390,7 +397,9 @@ def _gateway(args: argparse.Namespace) -> int:
     from fairpool_gateway.server import configure_logging, serve
 
     configure_logging(args.log_level)
-    serve(args.config, args.host, args.port, args.admin_port)
+    if args.drain_seconds is not None and not 0 <= args.drain_seconds <= 3600:
+        raise ConfigError("--drain-seconds", f"must be within 0 and 3600, got {args.drain_seconds}")
+    serve(args.config, args.host, args.port, args.admin_port, args.drain_seconds)
     return 0
 
 

@@ -6,7 +6,7 @@ tenant, weight or key takes effect without a restart.
 
 ```yaml
 listen: {host: 0.0.0.0, port: 8080}
-admin: {host: 127.0.0.1, port: 8081}
+admin: {host: 127.0.0.1, port: 8081}        # or a non-loopback host with a tokenFile
 pools:
   - name: chat
     model: llama-3-8b                       # served model name clients ask for
@@ -24,12 +24,14 @@ tenants:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fairpool.api.common import Spec
 from fairpool.api.inference_pool import InferencePool, RoutingSpec
@@ -47,9 +49,57 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def field_error(
+    model: str, loc: tuple[str | int, ...], value: object, message: str
+) -> ValidationError:
+    """A validation error of `model` at `loc` (relative to the model being validated), for
+    checks that span fields: pydantic puts the model's own place in front, so the error
+    names the field itself (`admin.port`, `tenants.1.apiKeySha256`)."""
+    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    return ValidationError.from_exception_data(
+        model, [InitErrorDetails(type=error, loc=loc, input=value)]
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class Address(Spec):
     host: str = Field(default="127.0.0.1", description="Interface to listen on.")
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0: any free port).")
+
+
+class AdminAddress(Address):
+    """The admin API: metrics and every tenant's state. On a loopback address by default;
+    anywhere else it needs a bearer token, read from `tokenFile` (a mounted Secret)."""
+
+    port: int = Field(default=8081, ge=0, le=65535, description="TCP port (0: any free port).")
+    token_file: str | None = Field(
+        default=None,
+        alias="tokenFile",
+        description="A file holding the admin API's bearer token (re-read when it changes).",
+    )
+
+    @model_validator(mode="after")
+    def _private(self) -> AdminAddress:
+        if self.token_file is None and not is_loopback(self.host):
+            raise field_error(
+                "AdminAddress",
+                ("tokenFile",),
+                None,
+                f"required when the admin API listens on {self.host}, not a loopback address "
+                "(the admin API shows every tenant's usage)",
+            )
+        if self.token_file is not None and not self.token_file.strip():
+            raise field_error("AdminAddress", ("tokenFile",), self.token_file, "must be a path")
+        return self
 
 
 class KubernetesWorkersSpec(Spec):
@@ -225,8 +275,17 @@ class ClientLimits(Spec):
 
 class GatewayConfig(Spec):
     listen: Address = Field(default_factory=Address, description="The tenant API.")
-    admin: Address = Field(
-        default_factory=lambda: Address(port=8081), description="The admin API (keep private)."
+    admin: AdminAddress = Field(
+        default_factory=AdminAddress,
+        description="The admin API: loopback, or protected by a bearer token (tokenFile).",
+    )
+    drain_seconds: float = Field(
+        default=45.0,
+        ge=0,
+        le=3600,
+        alias="drainSeconds",
+        description="On shutdown, how long requests in flight may take to finish before the "
+        "gateway ends them (under the pod's terminationGracePeriodSeconds).",
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts.")
     clients: ClientLimits = Field(
@@ -264,6 +323,26 @@ class GatewayConfig(Spec):
             unknown = sorted(set(tenant.pools) - set(names))
             if unknown:
                 raise ValueError(f"tenant {tenant.tenant!r} names unknown pool {unknown[0]!r}")
+        owners: dict[str, str] = {}
+        for index, tenant in enumerate(self.tenants):
+            for digest in tenant.api_key_sha256:
+                owner = owners.setdefault(digest, tenant.tenant)
+                if owner != tenant.tenant:
+                    raise field_error(
+                        "GatewayConfig",
+                        ("tenants", index, "apiKeySha256"),
+                        digest,
+                        f"the key with digest {digest[:12]}… is listed under tenants "
+                        f"{owner!r} and {tenant.tenant!r}: a key must name one tenant",
+                    )
+        if self.admin.port == self.listen.port != 0:
+            raise field_error(
+                "GatewayConfig",
+                ("admin", "port"),
+                self.admin.port,
+                f"the admin API must not share the tenant API's port (listen.port "
+                f"{self.listen.port}): the gateway tells the two APIs apart by port",
+            )
         return self
 
     def pool_for_model(self, model: str) -> GatewayPool | None:

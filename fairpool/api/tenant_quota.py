@@ -28,7 +28,7 @@ SloClass = Literal["interactive", "standard", "batch"]
 
 
 class SecretKeyRef(Spec):
-    """A Secret in the tenant's namespace holding its API keys."""
+    """A Secret in the tenant's namespace, labelled fairpool.io/api-keys=true: its API keys."""
 
     name: str = Field(
         min_length=1, max_length=253, description="Name of the Secret holding the API keys."

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -35,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayTenant
 from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcome, Rejection
+from fairpool_gateway.admin_auth import AdminAuth
 from fairpool_gateway.body import check_shape, load_json, prepare
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.openapi import openapi_document
@@ -210,8 +212,8 @@ async def settled_on_every_path(exchange: Exchange) -> Response:
     took it over (the stream settles it when it ends)."""
     try:
         response = await admit_and_forward(exchange)
-    except asyncio.CancelledError:
-        exchange.settle(client_left(exchange))
+    except asyncio.CancelledError:  # the client left, or the drain cut the request
+        exchange.settle(exchange.gateway.drain.outcome(client_left(exchange)))
         raise
     except BaseException:
         exchange.settle(Outcome(status=500, reason="internal_error"))
@@ -534,7 +536,7 @@ class RelayResponse(StreamingResponse):
             iterator: Any = self.body_iterator
             await iterator.aclose()
             self.relay.close()
-            self.exchange.settle(self.relay.outcome())
+            self.exchange.settle(self.exchange.gateway.drain.outcome(self.relay.outcome()))
             if self.stalled:
                 log.warning(
                     "stream cut: the client stopped reading",
@@ -587,4 +589,5 @@ def admin_app(gateway: Gateway) -> Starlette:
             *probe_routes(gateway),
         ],
         exception_handlers={404: not_found, 405: not_allowed},
+        middleware=[Middleware(AdminAuth, gateway=gateway)],  # admin.tokenFile's bearer token
     )

@@ -15,6 +15,7 @@ from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.files import FileWatch
 from fairpool.front import FrontListener, TenantLimiter
 from fairpool.sched.errors import ConfigError
+from fairpool_gateway.drain import Drain
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
 from fairpool_gateway.proxy import upstream_session
@@ -45,6 +46,7 @@ class Gateway:
         self._reloader: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self._config_file = FileWatch(self.config_path) if self.config_path else None
+        self.drain = Drain()  # the shutdown, as the server runs it (fairpool_gateway.drain)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -56,8 +58,7 @@ class Gateway:
     async def start(self) -> None:
         self._session = upstream_session()
         self._apply_pools(self.config)
-        if self.config_path is not None:
-            self._reloader = asyncio.create_task(self._watch_config())
+        self._reloader = asyncio.create_task(self._watch_config())
 
     async def stop(self) -> None:
         if self._reloader is not None:
@@ -70,9 +71,9 @@ class Gateway:
 
     @property
     def ready(self) -> bool:
-        """Serving: started with its configuration. Whether a pool has workers is that
-        pool's business (its requests get 503), never the whole gateway's."""
-        return self._session is not None
+        """Serving: started with its configuration, and not shutting down. Whether a pool
+        has workers is that pool's business (its requests get 503), never the gateway's."""
+        return self._session is not None and not self.drain.draining
 
     def pool_for_model(self, model: str) -> Pool | None:
         return self._by_model.get(model)
@@ -108,9 +109,11 @@ class Gateway:
         self._by_model = {pool.spec.model: pool for pool in self.pools.values()}
 
     async def _watch_config(self) -> None:
-        assert self.config_path is not None and self._config_file is not None
         while True:
             await asyncio.sleep(RELOAD_INTERVAL)
+            self.tenants.refresh()  # the tenants' apiKeyFiles, re-read when they change
+            if self.config_path is None or self._config_file is None:
+                continue
             if not self._config_file.changed():
                 continue
             try:

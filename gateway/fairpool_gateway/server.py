@@ -1,6 +1,6 @@
 """Running the gateway: one uvicorn server, two sockets (tenant API and admin API), one
-event loop, structured logs; and `GatewayThread`, the same server in a thread for tests
-and benchmarks."""
+event loop, structured logs, a graceful drain on shutdown (`fairpool_gateway.drain`); and
+`GatewayThread`, the same server in a thread for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -10,17 +10,21 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.runtime import tune_collector_for_serving
+from fairpool.sched.errors import ConfigError
 from fairpool_gateway.app import admin_app, tenant_app
 from fairpool_gateway.connections import HeaderDeadlineProtocol
 from fairpool_gateway.gateway import Gateway
+from fairpool_gateway.protocol import GatewayError
 
 log = logging.getLogger("fairpool.gateway")
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
@@ -68,8 +72,22 @@ class GatewayASGI:
             await self._lifespan(receive, send)
             return
         server = scope.get("server")
-        app = self.admin if server is not None and server[1] == self.admin_port else self.tenant
-        await app(scope, receive, send)
+        if server is not None and server[1] == self.admin_port:
+            await self.admin(scope, receive, send)
+        elif scope["type"] == "http":
+            await self.gateway.drain.serve(self.tenant, scope, receive, send, self._refused)
+        else:
+            await self.tenant(scope, receive, send)
+
+    def _refused(self, scope: Scope) -> None:
+        """A tenant request refused because the gateway is draining: counted and logged."""
+        headers = Headers(scope=scope)
+        try:
+            tenant = self.gateway.tenants.authenticate(headers.get("authorization")).tenant
+        except GatewayError:
+            tenant = "unknown"
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        self.gateway.ledger.refused(request_id, tenant, "none", 503, "shutting_down")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -96,12 +114,39 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: Seconds uvicorn gives connections to close after the drain, before it cancels what is
+#: left (the drain has ended every tenant request by then).
+CLOSE_SECONDS = 5
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server with the gateway's drain before its own shutdown: on SIGTERM the
+    sockets stay open while tenant requests in flight finish (new ones get 503), for up to
+    `drain_seconds` (the configuration's `drainSeconds` when None); then the rest are ended
+    and the sockets closed. A second Ctrl-C stops waiting."""
+
+    def __init__(
+        self, config: uvicorn.Config, gateway: Gateway, drain_seconds: float | None = None
+    ) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+        self.drain_seconds = drain_seconds
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        seconds = self.drain_seconds
+        if seconds is None:
+            seconds = self.gateway.config.drain_seconds
+        await self.gateway.drain.run(seconds, lambda: self.force_exit)
+        await super().shutdown(sockets)
+
+
 def make_server(
     gateway: Gateway,
     tenant_socket: socket.socket,
     admin_socket: socket.socket,
     freeze: bool = False,
-) -> uvicorn.Server:
+    drain_seconds: float | None = None,
+) -> GatewayServer:
     app = GatewayASGI(gateway, admin_socket.getsockname()[1], freeze)
     clients = gateway.config.clients
     config = uvicorn.Config(
@@ -111,21 +156,28 @@ def make_server(
         lifespan="on",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=CLOSE_SECONDS,
         backlog=2048,
     )
-    return uvicorn.Server(config)
+    return GatewayServer(config, gateway, drain_seconds)
 
 
 def serve(
-    config_path: str | Path, host: str | None, port: int | None, admin_port: int | None
+    config_path: str | Path,
+    host: str | None,
+    port: int | None,
+    admin_port: int | None,
+    drain_seconds: float | None = None,
 ) -> None:
-    """`fairpool gateway`: run until SIGINT or SIGTERM."""
+    """`fairpool gateway`: run until SIGINT or SIGTERM, then drain."""
     config = load_gateway_config(config_path)
+    tenant_port = config.listen.port if port is None else port
+    admin_port = config.admin.port if admin_port is None else admin_port
+    check_startup(config, tenant_port, admin_port, port is not None)
     gateway = Gateway(config, config_path)
-    tenant_socket = bind(host or config.listen.host, config.listen.port if port is None else port)
-    admin_socket = bind(config.admin.host, config.admin.port if admin_port is None else admin_port)
-    server = make_server(gateway, tenant_socket, admin_socket, freeze=True)
+    tenant_socket = bind(host or config.listen.host, tenant_port)
+    admin_socket = bind(config.admin.host, admin_port)
+    server = make_server(gateway, tenant_socket, admin_socket, True, drain_seconds)
     tenant_host, tenant_port = tenant_socket.getsockname()[:2]
     admin_host, admin_port_bound = admin_socket.getsockname()[:2]
     print(f"fairpool gateway: tenant API on http://{tenant_host}:{tenant_port}/v1", flush=True)
@@ -134,6 +186,25 @@ def serve(
         flush=True,
     )
     server.run(sockets=[tenant_socket, admin_socket])
+
+
+def check_startup(
+    config: GatewayConfig, tenant_port: int, admin_port: int, port_given: bool
+) -> None:
+    """What the configuration file cannot say alone: the ports after `--port` and
+    `--admin-port` (the two APIs are told apart by port), and that the admin token's file
+    can be read now (later changes to it are followed, and a bad one refuses admin requests)."""
+    if tenant_port == admin_port != 0:
+        option = "--port" if port_given else "--admin-port"
+        raise ConfigError(option, f"the tenant and admin APIs would share port {tenant_port}")
+    token_file = config.admin.token_file
+    if token_file is not None:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as error:
+            raise ConfigError("admin.tokenFile", f"cannot read {token_file}: {error}") from None
+        if not token:
+            raise ConfigError("admin.tokenFile", f"{token_file} is empty")
 
 
 class GatewayThread:
@@ -160,8 +231,13 @@ class GatewayThread:
             time.sleep(0.01)
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def begin_shutdown(self) -> None:
+        """What SIGTERM does to `fairpool gateway`: the drain starts, the thread ends when it
+        is over (join it with `__exit__`)."""
         self._server.should_exit = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.begin_shutdown()
         self._thread.join()
         self._tenant_socket.close()
         self._admin_socket.close()

@@ -24,6 +24,8 @@ class OperatorConfig:
     engine_sim_image: str = contract.DEFAULT_ENGINE_SIM_IMAGE
     gateway_secret: str = contract.DEFAULT_GATEWAY_SECRET
     gateway_admin_url: str | None = None
+    #: The file holding the gateway's admin token, sent as a bearer token to its /metrics.
+    gateway_admin_token_file: str | None = None
     served_interval: float = 30.0
     #: Render multi-stage chains as LeaderWorkerSets: True, False, or None to detect the
     #: LeaderWorkerSet API when the operator starts (FAIRPOOL_LEADER_WORKER_SET).
@@ -47,6 +49,7 @@ class OperatorConfig:
             or contract.DEFAULT_ENGINE_SIM_IMAGE,
             gateway_secret=env.get(contract.GATEWAY_SECRET_ENV) or contract.DEFAULT_GATEWAY_SECRET,
             gateway_admin_url=(env.get(contract.GATEWAY_ADMIN_URL_ENV) or "").rstrip("/") or None,
+            gateway_admin_token_file=env.get(contract.GATEWAY_ADMIN_TOKEN_FILE_ENV) or None,
             served_interval=_seconds(env, contract.SERVED_INTERVAL_ENV, 30.0),
             leader_worker_set=_auto_flag(env, contract.LEADER_WORKER_SET_ENV),
         )

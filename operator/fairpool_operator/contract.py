@@ -1,7 +1,8 @@
 """The names, labels, paths and environment the operator and the Helm chart share.
 
 Everything here is part of the contract documented in docs/operator.md: the chart's RBAC,
-Deployments and mounts are written against it. Change it there too, or not at all.
+Deployments, mounts and NetworkPolicies (which select the engine pods by ENGINE_APP,
+MANAGED_BY and CHAIN_LABEL) are written against it. Change it there too, or not at all.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ MODELS_DIR = "/models"
 #: The gateway's configuration: one Secret, key gateway.yaml, mounted at GATEWAY_DIR.
 GATEWAY_KEY = "gateway.yaml"
 GATEWAY_DIR = "/etc/fairpool/gateway"
+#: The admin API's bearer token: key `token` of a Secret the chart creates, mounted as a
+#: folder at ADMIN_TOKEN_DIR in the gateway (which checks it) and in the operator (which
+#: reads the gateway's /metrics with it).
+ADMIN_TOKEN_KEY = "token"
+ADMIN_TOKEN_DIR = "/etc/fairpool/admin-token"
+ADMIN_TOKEN_PATH = f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"
 GATEWAY_LISTEN = {"host": "0.0.0.0", "port": 8080}
-GATEWAY_ADMIN = {"host": "0.0.0.0", "port": 8081}
+GATEWAY_ADMIN = {"host": "0.0.0.0", "port": 8081, "tokenFile": ADMIN_TOKEN_PATH}
 
 #: Engine pods run as this non-root user and group.
 RUN_AS = 10001
@@ -44,6 +51,11 @@ NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 POOL_LABEL = "fairpool.io/pool"
+#: The label a Secret must carry for the operator to read API keys from it: a TenantQuota
+#: may name only such a Secret (any other is reported, never read), so nobody who may
+#: write TenantQuotas can turn another Secret of the namespace into API keys.
+API_KEYS_LABEL = "fairpool.io/api-keys"
+API_KEYS_LABELS = {API_KEYS_LABEL: "true"}
 #: A digest of the rendered object on the object itself (never on a pod template, so that
 #: it restarts nothing): the reconciler rewrites an object whose digest differs.
 HASH_ANNOTATION = "fairpool.io/rendered-hash"
@@ -57,6 +69,7 @@ ENGINE_IMAGE_ENV = "FAIRPOOL_ENGINE_IMAGE"
 ENGINE_SIM_IMAGE_ENV = "FAIRPOOL_ENGINE_SIM_IMAGE"
 GATEWAY_SECRET_ENV = "FAIRPOOL_GATEWAY_CONFIG_SECRET"
 GATEWAY_ADMIN_URL_ENV = "FAIRPOOL_GATEWAY_ADMIN_URL"
+GATEWAY_ADMIN_TOKEN_FILE_ENV = "FAIRPOOL_GATEWAY_ADMIN_TOKEN_FILE"
 SERVED_INTERVAL_ENV = "FAIRPOOL_SERVED_INTERVAL"
 
 DEFAULT_GATEWAY_SECRET = "fairpool-gateway-config"

@@ -1,7 +1,8 @@
 """The kopf handlers: each is one call into `runtime.Operator`; the work is in `reconcile`.
 
 - pools and tenants created, updated, resumed (operator start) or deleted: full reconcile;
-- a Secret a tenant names changes (a key rotated): full reconcile;
+- a Secret a tenant names changes (a key rotated): full reconcile — only Secrets labelled
+  `fairpool.io/api-keys: "true"` are watched (server-side) or read;
 - an engine Deployment or a chain's StatefulSet changes, or a chain's stage pod (which also
   covers LeaderWorkerSets): its pool's status; one of the operator's Deployments,
   StatefulSets, Services or ConfigMaps deleted: full reconcile (it is recreated);
@@ -58,6 +59,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.level = logging.WARNING  # Kubernetes Events for warnings and errors only
     settings.peering.stealth = True  # no log line per keep-alive
     settings.watching.server_timeout = 300  # watches end and resume from their resourceVersion
+    # Secrets: only the key Secrets, selected by the API server, so no other Secret of the
+    # namespace ever reaches the operator through its watch.
+    selector = ",".join(f"{key}={value}" for key, value in contract.API_KEYS_LABELS.items())
+    settings.watching.label_selectors["", "v1", "secrets"] = selector
 
 
 @kopf.on.startup()
@@ -118,7 +123,7 @@ def _referenced(name: str, memo: kopf.Memo, **_: Any) -> bool:
     return operator is not None and name in operator.referenced_secrets
 
 
-@kopf.on.event("", "v1", "secrets", when=_referenced)
+@kopf.on.event("", "v1", "secrets", labels=contract.API_KEYS_LABELS, when=_referenced)
 def key_secret_changed(type: str, memo: kopf.Memo, **_: Any) -> None:
     if type is not None:  # not the initial listing
         _reconcile(memo)

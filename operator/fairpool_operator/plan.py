@@ -2,7 +2,8 @@
 
 `plan_namespace` validates every InferencePool and TenantQuota (as the API holds them: the
 CRD schema cannot say "exactly one of path, pvc, hub" or "vllm needs model.source"), settles
-duplicates (the older object keeps a model name or a tenant id), reads each tenant's keys,
+duplicates (the older object keeps a model name, a tenant id or an API key), reads each
+tenant's keys (from Secrets labelled `fairpool.io/api-keys: "true"` only),
 and renders every pool's objects and the gateway's Secret. Whatever is wrong becomes a
 `Problem` naming the field, for the object's status; nothing raises. The operator applies
 the plan; `fairpool render` prints it.
@@ -29,6 +30,7 @@ from fairpool.api.gateway_config import (
     ChainWorker,
     GatewayConfig,
     GatewayPool,
+    GatewayTenant,
     KubernetesWorkersSpec,
     WorkerSource,
     api_keys,
@@ -126,7 +128,7 @@ def plan_namespace(
     entries += _kept_entries(pools_planned, entries, previous_gateway)
     entries.sort(key=lambda entry: entry.name)
     known = {entry.name for entry in entries}
-    tenants = []
+    candidates = []
     for tenant in tenant_plans:
         if tenant.quota is None or tenant.problem is not None:
             continue
@@ -143,8 +145,13 @@ def plan_namespace(
             continue
         if missing:
             tenant.note = f"spec.pools: {', '.join(missing)} not found (ignored until created)"
-        tenants.append(gateway_tenant(tenant.quota, keys, allowed))
-        tenant.in_gateway = True
+        candidates.append((tenant, gateway_tenant(tenant.quota, keys, allowed)))
+    _refuse_shared_keys(candidates)
+    tenants = []
+    for tenant, entry in candidates:
+        if tenant.problem is None:
+            tenants.append(entry)
+            tenant.in_gateway = True
     gateway = validate(
         GatewayConfig,
         {
@@ -233,9 +240,19 @@ def _keys(
         plan.problem = Problem("NoApiKeys", f"{where}: not set; no API key reaches this tenant")
         return None
     body = secrets.get(reference.name)
+    label = f'{contract.API_KEYS_LABEL}: "true"'
     if body is None:
         reason = "SecretNotFound"
-        message = f"{where}: Secret {reference.name!r} not found in namespace {namespace}"
+        message = (
+            f"{where}: Secret {reference.name!r} not found in namespace {namespace} among the "
+            f"Secrets labelled {label} (the operator reads API keys only from those)"
+        )
+    elif not _key_secret(body):
+        reason = "SecretNotLabelled"
+        message = (
+            f"{where}: Secret {reference.name!r} lacks the label {label}; the operator reads "
+            "API keys only from Secrets so labelled"
+        )
     else:
         reason = "SecretInvalid"
         try:
@@ -252,6 +269,31 @@ def _keys(
     plan.secret_problem = Problem(reason, message)
     plan.problem = plan.secret_problem
     return None
+
+
+def _key_secret(body: Mapping[str, Any]) -> bool:
+    """Whether a Secret is labelled as holding API keys (the only ones read for keys)."""
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in contract.API_KEYS_LABELS.items())
+
+
+def _refuse_shared_keys(candidates: list[tuple[TenantPlan, GatewayTenant]]) -> None:
+    """A key must name one tenant: of TenantQuotas sharing a key (one Secret, or the same
+    key in two), the older keeps it and the others get a problem naming it (the gateway
+    would refuse a configuration giving one key to two tenants)."""
+    owners: dict[str, TenantPlan] = {}
+    for tenant, entry in sorted(candidates, key=lambda candidate: _age(candidate[0].body)):
+        shared = [owners[digest] for digest in entry.api_key_sha256 if digest in owners]
+        if shared:
+            assert tenant.quota is not None and tenant.quota.spec.api_key_secret_ref is not None
+            secret = tenant.quota.spec.api_key_secret_ref.name
+            tenant.problem = Problem(
+                "DuplicateKey",
+                f"spec.apiKeySecretRef: a key in Secret {secret!r} is already the key of "
+                f"TenantQuota {shared[0].name}; a key must name one tenant",
+            )
+            continue
+        owners.update(dict.fromkeys(entry.api_key_sha256, tenant))
 
 
 def _kept_entries(

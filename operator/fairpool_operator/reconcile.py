@@ -1,6 +1,7 @@
 """Bringing a namespace to its plan through the `Api` interface, writing only what differs.
 
-A reconcile reads the pools, tenants and the Secrets they name, plans (`plan.plan_namespace`),
+A reconcile reads the pools, tenants and the key Secrets they name (only Secrets labelled
+`fairpool.io/api-keys: "true"`, listed by that label), plans (`plan.plan_namespace`),
 and for every planned object creates it if it is missing, applies it if it differs from what
 the API holds, and leaves it alone otherwise; then it writes the statuses that changed. So a
 reconcile with nothing changed writes nothing, and a tenant's weight change rewrites exactly
@@ -103,10 +104,10 @@ class Reconciler:
         quotas = self.api.list(TENANT)
         names = secret_names(quotas)
         self.referenced_secrets = frozenset(names)
-        secrets = {}
-        for name in sorted(names):
-            body = self.api.get(SECRET, name)
-            if body is not None:
+        secrets = {}  # only key Secrets (labelled so) are read; others, never
+        for body in self.api.list(SECRET, contract.API_KEYS_LABELS):
+            name = str(body.get("metadata", {}).get("name"))
+            if name in names:
                 secrets[name] = body
         current_gateway = self.api.get(SECRET, self.config.gateway_secret)
         nodes = self._nodes() if needs_nodes(pools) else None

@@ -38,7 +38,8 @@ class Operator:
     def for_config(cls, reconciler: Reconciler) -> Operator:
         """With the gateway's admin API as the source of served numbers, if configured."""
         url = reconciler.config.gateway_admin_url
-        return cls(reconciler, (lambda: fetch_served(url)) if url else None)
+        token_file = reconciler.config.gateway_admin_token_file
+        return cls(reconciler, (lambda: fetch_served(url, token_file)) if url else None)
 
     @property
     def referenced_secrets(self) -> frozenset[str]:

@@ -3,7 +3,9 @@
 The admin API's `/metrics` holds, per tenant and pool, the tokens the engines reported
 (`fairpool_gateway_tokens_total{kind="prompt"|"cached"|"completion"}`) and the service
 charged (`fairpool_gateway_service_total`), counted since that gateway replica started. The
-operator sums them over pools: served tokens are prompt plus completion tokens.
+operator sums them over pools: served tokens are prompt plus completion tokens. The admin
+API wants the gateway's admin token (`FAIRPOOL_GATEWAY_ADMIN_TOKEN_FILE`, the chart mounts
+it), sent as a bearer token and read afresh for each poll, so a rotated token is followed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger("fairpool.operator")
 
@@ -55,10 +58,16 @@ def parse_served(text: str) -> dict[str, Served]:
     }
 
 
-def fetch_served(admin_url: str, timeout: float = 5.0) -> dict[str, Served] | None:
-    """The gateway's numbers, or None if it cannot be read now (the last ones stay)."""
+def fetch_served(
+    admin_url: str, token_file: str | None = None, timeout: float = 5.0
+) -> dict[str, Served] | None:
+    """The gateway's numbers, or None if they cannot be read now (the last ones stay)."""
+    request = urllib.request.Request(f"{admin_url}/metrics")
     try:
-        with urllib.request.urlopen(f"{admin_url}/metrics", timeout=timeout) as response:
+        if token_file is not None:
+            token = Path(token_file).read_text().strip()
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             text = response.read().decode("utf-8", "replace")
     except (OSError, ValueError) as error:
         log.info("gateway admin API not readable (%s); keeping the last served numbers", error)

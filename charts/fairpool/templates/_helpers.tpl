@@ -94,5 +94,23 @@ seccompProfile:
 pools: []
 tenants: []
 listen: {host: 0.0.0.0, port: 8080}
-admin: {host: 0.0.0.0, port: 8081}
+admin: {host: 0.0.0.0, port: 8081, tokenFile: /etc/fairpool/admin-token/token}
 {{ end -}}
+
+{{/* The Secret holding the admin API's bearer token (key `token`). */}}
+{{- define "fairpool.adminToken.secretName" -}}
+{{- default (printf "%s-gateway-admin-token" (include "fairpool.fullname" .)) .Values.gateway.adminToken.existingSecret -}}
+{{- end -}}
+
+{{/* The NetworkPolicy peer of Prometheus: its namespace, and its pods' labels there. */}}
+{{- define "fairpool.monitoringPeer" -}}
+namespaceSelector:
+  matchLabels:
+    kubernetes.io/metadata.name: {{ .Values.networkPolicy.monitoring.namespace | quote }}
+podSelector:
+  {{- with .Values.networkPolicy.monitoring.podLabels }}
+  matchLabels:
+    {{- toYaml . | nindent 4 }}
+  {{- else }} {}
+  {{- end }}
+{{- end -}}

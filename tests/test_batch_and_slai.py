@@ -23,6 +23,7 @@ class Engine:
     mean_batch_time: float = 0.02
     memory_utilization: float = 0.5
     hits: dict[str, int] = field(default_factory=dict)
+    block_size: int = 1
 
     def cached_tokens(self, req: Request) -> int:
         return self.hits.get(req.request_id, 0)

@@ -129,8 +129,13 @@ class LocalPolicy(ABC):
         return self._charge(self._served_request(request_id).tenant, service)
 
     def preempt(self, request_id: str) -> None:
-        """Send a running request back to the front of the queue, already paid for."""
+        """Send a running request back to the front of the queue, already paid for. Its
+        tenant rejoins the waiting tenants as any tenant does (VTC's counter lift): a
+        preempted request is waiting again like a new one."""
         request = self._pop_running(request_id)
+        tenant = request.tenant
+        if tenant not in self._queues:
+            self._on_join(tenant, idle=False)  # it had a request running a moment ago
         self._enqueue(Waiting(request, next(self._requeues), charged=True), front=True)
 
     def finish(self, request_id: str) -> None:

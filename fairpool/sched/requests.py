@@ -91,6 +91,11 @@ class EngineView(Protocol):
         ...
 
     @property
+    def block_size(self) -> int:
+        """Tokens per KV block: memory is allocated a block at a time (vLLM: 16)."""
+        ...
+
+    @property
     def running(self) -> Sequence[Running]: ...
 
     @property
@@ -124,9 +129,11 @@ class EngineSnapshot:
     mean_batch_time: float = 0.0
     memory_utilization: float = 0.0
     hits: dict[str, int] = field(default_factory=dict)
+    block_size: int = 1
 
     def __post_init__(self) -> None:
         require_count("memory_tokens", self.memory_tokens, minimum=1)
+        require_count("block_size", self.block_size, minimum=1)
 
     def cached_tokens(self, request: Request) -> int:
         return min(self.hits.get(request.request_id, 0), request.prompt_tokens)

@@ -106,15 +106,14 @@ class VllmEngineView:
 
     @property
     def memory_tokens(self) -> int:
-        """M for memory-safe admission: the KV capacity in tokens, less what vLLM's
-        allocation in whole blocks may leave empty. Each request the check counts (the
-        running ones and the candidate) may hold up to block_size − 1 unused slots in
-        its last block, so a set that fits M in tokens also fits the cache in blocks;
-        counted in plain tokens, it may not, and vLLM would then preempt."""
+        """M for memory-safe admission: the KV capacity in tokens (the check counts the
+        block each request may leave partly empty: `block_size`)."""
         scheduler = self._scheduler
-        capacity = kv_capacity_tokens(scheduler.kv_cache_manager, scheduler.block_size)
-        partial_blocks = (len(self.running) + 1) * (scheduler.block_size - 1)
-        return max(capacity - partial_blocks, 0)
+        return kv_capacity_tokens(scheduler.kv_cache_manager, scheduler.block_size)
+
+    @property
+    def block_size(self) -> int:
+        return int(self._scheduler.block_size)
 
     @property
     def memory_utilization(self) -> float:

@@ -20,9 +20,14 @@ Choices the paper leaves open (reference digest §B.4), made here:
 2. Who is refilled. Tenants that are *active*: with a waiting or a running request. A
    tenant whose requests are all running is still consuming service, so it takes part in
    the rounds like any DRR flow in service; an idle tenant is never refilled, so nobody
-   banks credit while away. A tenant that becomes active again after being idle restarts
-   at q = 0 (line 12, and the proofs of Thms A.1 and A.2), which forgives at most U of
-   debt and drops at most Q of credit.
+   banks credit while away. A tenant keeps its deficit across idle periods: only its
+   first arrival starts it at q = 0 (Algorithm 1, line 12: "if i is a new client").
+   Resetting on every return from idle would forgive up to U of debt each time, and a
+   tenant that sends one request at a time, each costing more than Q, would have its
+   debt wiped on every request and be served without bound beyond a tenant that waits
+   (2.9× its service, a gap growing past any 2(U + Q), in the review that found it).
+   Credit kept across an idle period is at most Q (refills stop at the first positive
+   deficit), so −U < q ≤ Q still holds and Theorem 4.1's 2(U + Q) with it.
 3. Repeated refills. One CheckRefill may not lift any waiting tenant above zero (a deep
    debt needs several quanta). We refill in rounds until some waiting tenant has credit,
    computing the number of rounds directly instead of looping, and each tenant gets at
@@ -67,10 +72,6 @@ class DLPM(LocalPolicy):
 
     def tenant_quantum(self, tenant: str) -> float:
         return self.quantum * self.weights[tenant]
-
-    def _on_join(self, tenant: str, idle: bool) -> None:
-        if idle:
-            self.deficits[tenant] = 0.0
 
     def _on_charge(self, tenant: str, service: float) -> None:
         self.deficits[tenant] -= service

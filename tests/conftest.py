@@ -15,6 +15,7 @@ TIERS = {
     "unit": "in-process only: the core library, renderers, policies, fakes",
     "loopback": "servers in threads of this process on loopback: engine-sim, the gateway, kmock",
     "subprocess": "child processes: fairpool up, the command line, helm, hadolint",
+    "fuzz": "hostile clients, generated with fixed seeds, against the gateway: `make test-fuzz`",
     "vllm": "real vLLM (its CPU build), in tests/real_vllm: `make test-vllm`",
 }
 

@@ -199,42 +199,6 @@ def stream_cuts() -> Iterator[StreamCuts]:
         logger.removeHandler(handler)
 
 
-# ---------------------------------------------------------------------- known findings
-
-
-def known_finding(document: object) -> str | None:
-    """Which finding of tests/test_gateway_fuzz_findings.py a request body would show
-    again (its test name), or None. The fuzz tier leaves such bodies out until the
-    finding is fixed (its xfail test then passes, unexpectedly: remove both)."""
-    if not isinstance(document, dict):
-        return None
-    model = document.get("model")
-    if isinstance(model, str) and not _encodes(model):
-        return "test_a_lone_surrogate_in_the_model_is_a_4xx"
-    for name in ("prompt", "input"):
-        if any(token >= 2**64 for token in _token_ids(document.get(name))):
-            return "test_a_token_id_past_64_bits_is_a_4xx"
-    return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _token_ids(prompt: object) -> Iterator[int]:
-    """The ints of a prompt of token ids (a list, or a list of lists)."""
-    if isinstance(prompt, list):
-        for item in prompt:
-            if isinstance(item, int) and not isinstance(item, bool):
-                yield item
-            elif isinstance(item, list):
-                yield from (i for i in item if isinstance(i, int) and not isinstance(i, bool))
-
-
 # ---------------------------------------------------------------------- requests
 
 

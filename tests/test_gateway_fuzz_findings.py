@@ -1,7 +1,6 @@
 """What the fuzz tier found (tests/test_gateway_fuzz.py, tests/test_gateway_fuzz_hostile.py),
-each reduced to the smallest request that shows it. They fail today and are marked
-`xfail(strict=True)`: a fix turns one into an unexpected pass, and then its mark goes,
-and so does the fuzz tier's exclusion of it (`fuzz_clients.known_finding`)."""
+each reduced to the smallest request that shows it and kept as a regression test once
+fixed."""
 
 from __future__ import annotations
 
@@ -23,11 +22,6 @@ from gateway_helpers import (
 pytestmark = pytest.mark.loopback
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway: the 404 for an unknown model quotes the model, and a lone surrogate "
-    "in it cannot be written as UTF-8: starlette's JSONResponse raises, uvicorn answers 500",
-)
 def test_a_lone_surrogate_in_the_model_is_a_4xx():
     with engines(1, speedup=1000.0) as workers:
         config = gateway_config([workers[0].url], [tenant_entry("light")])
@@ -39,12 +33,6 @@ def test_a_lone_surrogate_in_the_model_is_a_4xx():
             assert answer.status_code < 500, answer.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine-sim: with a cache_salt (which the gateway always adds), a prompt token "
-    "id of 2**64 or more overflows `token.to_bytes(8)` in `salted` (embeddings.py): a 500 "
-    "where vLLM answers 400, so the gateway answers 502",
-)
 def test_a_token_id_past_64_bits_is_a_4xx():
     with engines(1, speedup=1000.0) as workers:
         body = {"model": MODEL, "prompt": [2**64], "max_tokens": 1, "cache_salt": "salt"}
@@ -102,12 +90,6 @@ class CloseAfterAFailure:
         self.server.server_close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway: after an engine's 5xx the connection goes back to the pool although "
-    "the engine closes it; the next request on it is dropped unanswered, which counts as "
-    "an unreachable worker: out of rotation, and that request gets 503 (no other worker)",
-)
 def test_an_engine_error_does_not_take_the_worker_out_of_rotation():
     with CloseAfterAFailure() as engine:
         config = gateway_config([engine.url], [tenant_entry("light")])

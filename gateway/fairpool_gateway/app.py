@@ -369,6 +369,8 @@ def choose_pool(gateway: Gateway, tenant: GatewayTenant, model: object) -> Pool:
     does not exist (404): the answer never tells a tenant what others may use."""
     if not isinstance(model, str) or not model:
         raise bad_request("model: a non-empty string is required", "model")
+    if not model.isascii() and not _encodable(model):
+        raise bad_request("model: not valid Unicode (a lone surrogate)", "model")
     pool = gateway.pool_for_model(model)
     if pool is None or not tenant.may_use(pool.name):
         raise GatewayError(
@@ -378,6 +380,14 @@ def choose_pool(gateway: Gateway, tenant: GatewayTenant, model: object) -> Pool:
             code="model_not_found",
         )
     return pool
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def refuse_early(exchange: Exchange, rejection: Rejection) -> Response:

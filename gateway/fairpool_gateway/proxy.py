@@ -111,7 +111,12 @@ async def send(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
     try:
         async with asyncio.timeout(answer_timeout):
-            response = await session.post(url, data=body, headers=headers, timeout=timeout)
+            try:
+                response = await session.post(url, data=body, headers=headers, timeout=timeout)
+            except aiohttp.ServerDisconnectedError:
+                # A kept-alive connection the engine had closed (as uvicorn does after a
+                # 500) fails the first request sent on it; a new connection is the retry.
+                response = await session.post(url, data=body, headers=headers, timeout=timeout)
     except TimeoutError:
         raise UpstreamTimeout(f"no answer within {answer_timeout:g} s") from None
     except aiohttp.ClientError as error:  # refused, reset, dropped before the headers

@@ -308,7 +308,7 @@ class GenerationRequest(ServedRequest):
         )
 
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, lt=2**63)]  # an int64, as a tensor of ids holds them
 
 
 class CompletionRequest(GenerationRequest):

@@ -255,6 +255,38 @@ def test_routing_never_sends_a_request_to_a_saturated_worker():
     assert pool.queue.queued() == 0
 
 
+def test_requests_sent_since_the_last_report_count_as_waiting_in_the_engine():
+    """An engine reports its queue now and then; between two reports the front counts
+    every request it sent since, still outstanding, as possibly waiting there, so a burst
+    does not all go into a queue the front believes short."""
+    pool = Pool(slots=1)
+    pool.front.set_saturation(Saturation(maxOutstanding=64, maxWaiting=2))
+    pool.front.router.update_load("w0", kv_usage=0.0, waiting=0)
+    for i in range(5):
+        pool.arrive(f"a{i}", "a")
+    assert pool.released == ["a0", "a1"] and pool.queue.queued() == 3
+    pool.front.update_load("w0", kv_usage=0.0, waiting=0)  # the engine took both in
+    assert pool.released == ["a0", "a1", "a2", "a3"]
+    pool.serve("a2")  # sent since the report and finished: it waits no more
+    assert pool.released[-1] == "a4"
+
+
+def test_a_tenant_below_its_share_is_not_held_behind_another_tenants_queue():
+    """The engines are full (KV above maxKvUsage) and the flood's requests wait at the
+    gateway; the light tenant, below its weighted share of the requests in flight, goes
+    on to the engine (held by maxOutstanding alone), until it would pass its share."""
+    pool = Pool(slots=1, weights={"light": 2})
+    pool.front.set_saturation(Saturation(maxOutstanding=64))
+    for i in range(4):
+        pool.arrive(f"f{i}", "flood")
+    pool.front.update_load("w0", kv_usage=1.0, waiting=0)  # full: the rest of the flood waits
+    assert pool.arrive("f4", "flood").queued
+    sent = [not pool.arrive(f"l{i}", "light").queued for i in range(12)]
+    # light's share of the requests in flight is 2/3: it goes on while it stays within it
+    assert sent == [True] * 8 + [False] * 4
+    assert pool.queue.queued("flood") == 1
+
+
 # ---------------------------------------------------------------------- refusals and exits
 
 

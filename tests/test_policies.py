@@ -71,6 +71,27 @@ def test_duplicate_and_unknown_request_ids_are_errors_naming_the_parameter():
 # ---------------------------------------------------------------- LPM
 
 
+def test_predicted_output_is_charged_to_the_order_at_admission_and_settled_at_the_end():
+    """VTC with length prediction (OSDI'24 §4.4, Alg. 3): the counter takes the predicted
+    output at admission — max_tokens until the tenant finished one, then the mean of its
+    last five — and the difference once the request ends; `served` is what was produced."""
+    policy = VTC(cost=CostModel(extend_weight=1, output_weight=2), predict_output=True)
+    policy.add(request("a", prompt=10, max_tokens=50, request_id="first"))
+    policy.admit("first")
+    assert policy.counters["a"] == 10 + 2 * 50 and policy.served["a"] == 10
+    assert policy.record_output("first", 20) == 40  # covered by the charge ahead
+    assert policy.counters["a"] == 110 and policy.served["a"] == 50
+    policy.finish("first")  # 30 predicted tokens never came: refunded
+    assert policy.counters["a"] == 10 + 2 * 20 == policy.served["a"]
+    policy.add(request("a", prompt=10, max_tokens=50, request_id="second"))
+    policy.admit("second")
+    assert policy.counters["a"] == 50 + 10 + 2 * 20  # predicted: the last output, 20
+    policy.record_output("second", 25)  # 5 past the prediction, charged as produced
+    assert policy.counters["a"] == 60 + 2 * 25
+    policy.remove("second")
+    assert policy.counters["a"] == policy.served["a"] == 50 + 10 + 2 * 25
+
+
 def test_lpm_takes_longest_cached_prefix_first_then_arrival():
     policy = LPM()
     for rid in ("short", "long", "tie"):

@@ -143,6 +143,27 @@ def test_preempted_requests_are_not_charged_again_and_come_back_first(
     assert (engine.served("a"), engine.served("b")) == (served["a"], served["b"])
 
 
+@pytest.mark.parametrize(("policy", "victim"), [("fcfs", "b"), ("vtc", "a"), ("dlpm", "a")])
+def test_a_policy_that_shares_memory_chooses_vllms_victim(
+    plugin, monkeypatch, tmp_path, policy, victim
+):
+    """Tenant a's two requests run, then b's; when they outgrow the memory, vLLM preempts
+    the most recently admitted (b's, which leaves a with all of it), a policy that shares
+    memory the youngest of the tenant above its share (a's)."""
+    use_config(monkeypatch, tmp_path / "scheduler.json", policy=policy)
+    engine = FakeEngine(plugin, num_gpu_blocks=10, max_num_seqs=3)
+    for seed in range(2):
+        engine.add("a", prompt(seed, 40), max_tokens=30)
+    engine.step()
+    engine.add("b", prompt(2, 40), max_tokens=30)
+    while not engine.scheduler.num_preemptions:
+        engine.step()
+    (preempted,) = [r for r in engine.tenants if engine.request(r).num_preemptions]
+    assert engine.tenants[preempted] == victim
+    engine.run()
+    assert engine.finish_reasons == dict.fromkeys(engine.tenants, "length")
+
+
 def test_a_blocked_request_vllm_skips_is_charged_once_and_keeps_its_place(plugin):
     engine = FakeEngine(plugin, max_num_seqs=4)
     blocked = engine.add(

@@ -40,7 +40,7 @@ from fairpool.sched.cost import CostModel, TenantWeights, Tokens
 from fairpool.sched.errors import ConfigError, require_count
 from fairpool.sched.registry import make_router, router_parameters
 from fairpool.sched.requests import Request
-from fairpool.sched.routers import ChainProfile, RouteDecision, Router, RouteRequest
+from fairpool.sched.routers import ChainProfile, RouteDecision, Router, RouteRequest, WorkerState
 
 #: What one node of a routing prefix tree costs, in bytes, beyond its text: measured
 #: (tracemalloc) between 580 and 1,400 for trees of prompts over worker URLs.
@@ -365,7 +365,7 @@ class PoolFront:
             max(request.output_limit or 0, 1),
         )
         try:
-            if not self.queue.queued() and self.has_capacity():
+            if self._may_dispatch_now(request.tenant):
                 self.queue.admit_now(scheduled)
                 flight.phase = Phase.DISPATCHED
             else:
@@ -408,8 +408,12 @@ class PoolFront:
             self._release_again = True
             while self._release_again:
                 self._release_again = False
-                while self.queue.queued() and self.has_capacity():
-                    request_id = self.queue.release()
+                while self.queue.queued():
+                    if self.has_capacity():
+                        request_id = self.queue.release()
+                    else:  # saturated: only a tenant below its share goes on
+                        tenant = self._tenant_below_share()
+                        request_id = None if tenant is None else self.queue.release(tenant)
                     if request_id is None:
                         break
                     flight = self._queued.pop(request_id)
@@ -421,34 +425,66 @@ class PoolFront:
         finally:
             self._releasing = False
 
-    def has_capacity(self) -> bool:
-        """Whether a request may be dispatched now. The front keeps "nobody waits while
-        there is capacity" true after each of its calls; capacity changes must therefore
-        reach it through them (`set_rotation`, `update_load`, `set_saturation`, `settle`)."""
+    def has_capacity(self, tenant: str | None = None) -> bool:
+        """Whether a request (of `tenant`) may be dispatched now. The front keeps "nobody
+        waits while there is capacity for them" true after each of its calls; capacity
+        changes must therefore reach it through them (`set_rotation`, `update_load`,
+        `set_saturation`, `settle`)."""
         if self.saturation is None:
             return self.router.has_room()
-        return bool(self.workers_with_room())
+        return bool(self.workers_with_room(tenant))
 
-    def workers_with_room(self) -> list[str]:
+    def workers_with_room(self, tenant: str | None = None) -> list[str]:
         """The workers in rotation that may take one more request: the router allows it (a
         chain below its capacity) and the worker is below the saturation thresholds —
         fewer than `maxOutstanding` requests from this front, fewer than `maxWaiting` in
-        its engine's queue, less than `maxKvUsage` of its KV cache in use. Routing chooses
-        among these, so a request is never sent to a saturated worker."""
+        its engine's queue (as last reported, plus those sent since), less than
+        `maxKvUsage` of its KV cache in use. Routing chooses among these, so a request
+        is never sent to a saturated worker.
+
+        A request of a `tenant` below its weighted share of the requests in flight
+        (`FairQueue.below_share`) while other tenants' requests are held in the queue is
+        held by `maxOutstanding` alone, on the workers
+        where it stays within its share of what they serve: the fair engines make room
+        for it there (`fairpool.sched.kv_share`), and holding it back behind a flood's
+        queue would cost it the latency the flood caused."""
         limits, router = self.saturation, self.router
-        return [
-            worker.worker_id
+        if limits is None:
+            return [worker for worker in router.workers if router.room(worker) != 0]
+        open_to_all = [
+            worker
             for worker in router.workers.values()
-            if (
-                limits is None
-                or (
-                    worker.outstanding < limits.max_outstanding
-                    and worker.waiting < limits.max_waiting
-                    and worker.kv_usage < limits.max_kv_usage
-                )
-            )
-            and router.room(worker.worker_id) != 0
+            if worker.outstanding < limits.max_outstanding and router.room(worker.worker_id) != 0
         ]
+        below = [
+            worker.worker_id
+            for worker in open_to_all
+            if tenant is not None
+            and self._held_back_below_share(tenant)
+            and self._within_share_at(worker, tenant)
+        ]
+        return below or [
+            worker.worker_id
+            for worker in open_to_all
+            if worker.expected_waiting < limits.max_waiting
+            and worker.kv_usage < limits.max_kv_usage
+        ]
+
+    def _held_back_below_share(self, tenant: str) -> bool:
+        """Is `tenant` below its share while another tenant's requests are held in the
+        queue? Only then does holding `tenant` back too cost it what the others caused."""
+        others_queued = any(other != tenant for other in self.queue.queued_tenants())
+        return others_queued and self.queue.below_share(tenant) is not None
+
+    def _within_share_at(self, worker: WorkerState, tenant: str) -> bool:
+        """Would `tenant` be within its weighted share of `worker`'s requests from this
+        front with one more? Only there can the engine's fair memory sharing protect it."""
+        weights = self.queue.weights
+        total_weight = weights[tenant] + sum(
+            weights[other] for other in worker.tenants if other != tenant
+        )
+        share = (worker.outstanding + 1) * weights[tenant] / total_weight
+        return worker.tenants.get(tenant, 0) + 1 <= share
 
     # ------------------------------------------------------------------ workers and weights
 
@@ -495,6 +531,29 @@ class PoolFront:
 
     # ------------------------------------------------------------------ internals
 
+    def _may_dispatch_now(self, tenant: str) -> bool:
+        """A new request of `tenant` skips the queue: nobody waits and there is room, or
+        (the pool is saturated) its tenant is below its share and nothing of it waits."""
+        if not self.queue.queued():
+            return self.has_capacity(tenant)
+        return (
+            not self.queue.queued(tenant)
+            and self.queue.below_share(tenant) is not None
+            and self.has_capacity(tenant)
+        )
+
+    def _tenant_below_share(self) -> str | None:
+        """The queued tenant furthest below its share that has a worker with room."""
+        ranked = []
+        for tenant in self.queue.queued_tenants():
+            below = self.queue.below_share(tenant)
+            if below is not None:
+                ranked.append((-below, tenant))
+        for _, tenant in sorted(ranked):
+            if self.has_capacity(tenant):
+                return tenant
+        return None
+
     def _route_or_settle(self, flight: Flight) -> RouteDecision:
         """Route a flight the queue admitted; if that fails, the flight is settled (nothing
         served) before the error propagates."""
@@ -511,7 +570,7 @@ class PoolFront:
         if not self.router.workers:
             raise NoWorker(f"pool {self.name!r} has no worker in rotation")
         request = flight.request
-        eligible = None if self.saturation is None else self.workers_with_room()
+        eligible = None if self.saturation is None else self.workers_with_room(request.tenant)
         if eligible == []:  # a worker failed and the others are full: wait no longer
             eligible = None
         decision = self.router.route(

@@ -44,7 +44,9 @@ class FairQueue:
         self._cost = cost
         self._clock = clock
         # `fcfs` (arrival order, tenants ignored) is there for comparisons: fairness off.
-        self._policy = make_policy(policy, cost=cost, weights=_weight_table(weights))
+        self._policy = make_policy(
+            policy, cost=cost, weights=_weight_table(weights), share_memory=False
+        )
         # VTC reads no engine state; memory is unlimited so nothing is held back for it.
         self._view = EngineSnapshot(memory_tokens=sys.maxsize)
         self._since: dict[str, float] = {}  # queued request → when it was queued
@@ -71,12 +73,16 @@ class FairQueue:
         self._policy.add(request)
         self._since[request.request_id] = self._clock()
 
-    def release(self) -> str | None:
-        """Admit the queued request that is next in fair order and return its id (None if
-        nobody waits). It is charged its prompt now, as `admit_now` charges."""
-        if not self._policy.waiting_count:
+    def release(self, tenant: str | None = None) -> str | None:
+        """Admit the queued request that is next in fair order — of `tenant` only, if
+        given — and return its id (None if nobody waits). It is charged its prompt now,
+        as `admit_now` charges."""
+        if tenant is not None:
+            request = self._policy.head_of(tenant)
+        elif self._policy.waiting_count:
+            request = self._policy.next_request(self._view)
+        else:
             return None
-        request = self._policy.next_request(self._view)
         if request is None:  # VTC and FCFS offer one while any waits; defensive
             return None
         del self._since[request.request_id]
@@ -126,6 +132,24 @@ class FairQueue:
         if tenant is None:
             return self._policy.waiting_count
         return self._policy.tenant_waiting(tenant)
+
+    @property
+    def weights(self) -> TenantWeights:
+        return self._policy.weights
+
+    def queued_tenants(self) -> list[str]:
+        return self._policy.waiting_tenants()
+
+    def below_share(self, tenant: str) -> float | None:
+        """How far below its weighted share of the requests in flight `tenant` would be
+        with one more (in requests; None if it would be at or above it). Tenants with a
+        request queued or in flight share; weights as the queue's."""
+        policy = self._policy
+        active = policy.active_tenants() | {tenant}
+        total_weight = sum(policy.weights[other] for other in active)
+        share = (policy.running_count + 1) * policy.weights[tenant] / total_weight
+        below = share - (policy.tenant_running(tenant) + 1)
+        return below if below >= 0 else None
 
     def in_flight(self, tenant: str | None = None) -> int:
         """Requests admitted and not finished, of `tenant` or of everyone."""

@@ -31,10 +31,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from fairpool.sched import kv_share
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError, require_count
 from fairpool.sched.match_order import MatchOrder
 from fairpool.sched.memory import OutputPredictor, admission_is_memory_safe, predict_max_tokens
+from fairpool.sched.prediction import RecentOutputs
 from fairpool.sched.requests import EngineView, Request, Running
 
 
@@ -55,6 +57,9 @@ class LocalPolicy(ABC):
     #: Per-step limits the policy imposes; None means the engine's own.
     token_budget: int | None = None
     max_decodes: int | None = None
+    #: Whether, by default, memory is shared by weight when it runs out
+    #: (`fairpool.sched.kv_share`); the fair policies do.
+    shares_memory = False
 
     def __init__(
         self,
@@ -62,11 +67,18 @@ class LocalPolicy(ABC):
         weights: TenantWeights | None = None,
         memory_safe: bool = False,
         predictor: OutputPredictor | None = None,
+        predict_output: bool = False,
+        share_memory: bool | None = None,
     ) -> None:
         self.cost = cost or CostModel()
         self.weights = weights or TenantWeights()
         self.memory_safe = memory_safe
         self.predictor: OutputPredictor = predictor or predict_max_tokens
+        #: Charge the order at admission for the output predicted (VTC §4.4, Alg. 3).
+        self.outputs = RecentOutputs() if predict_output else None
+        self.shares_memory = _chosen(share_memory, self.shares_memory)
+        self._ahead: dict[str, int] = {}  # running request → output charged, not produced
+        self._produced: dict[str, int] = defaultdict(int)  # request → output produced
         self.served: dict[str, float] = defaultdict(float)
         self._queues: dict[str, deque[Waiting]] = {}  # tenants with a waiting request
         self._waiting: dict[str, Waiting] = {}
@@ -89,10 +101,13 @@ class LocalPolicy(ABC):
     def remove(self, request_id: str) -> bool:
         """Abort a waiting or running request; False if the policy does not know it."""
         if request_id in self._waiting:
-            self._dequeue(self._waiting[request_id])
+            entry = self._waiting[request_id]
+            self._dequeue(entry)
+            if entry.charged:  # preempted: its output charge ends with it
+                self._settle_output(entry.request, completed=False)
             return True
         if request_id in self._running:
-            self.finish(request_id)
+            self._settle_output(self._pop_running(request_id), completed=False)
             return True
         return False
 
@@ -100,12 +115,19 @@ class LocalPolicy(ABC):
         entry = self._select(view)
         if entry is None:
             return None
-        if self.memory_safe and not admission_is_memory_safe(view, entry.request, self.predictor):
+        request = entry.request
+        if self.memory_safe and not admission_is_memory_safe(view, request, self.predictor):
             return None
-        return entry.request
+        if self.shares_memory and not kv_share.leaves_headroom(
+            view, request, self._queues, self.weights
+        ):
+            return None
+        return request
 
     def admit(self, request_id: str, cached_tokens: int = 0) -> float:
-        """The engine started serving `request_id`; returns the service charged."""
+        """The engine started serving `request_id`; returns the service it received (its
+        prefill). A policy that predicts output also charges its order, now, for the
+        output the request is predicted to produce."""
         entry = self._waiting.get(request_id)
         if entry is None:
             raise ConfigError("request_id", f"{request_id!r} is not waiting")
@@ -116,12 +138,28 @@ class LocalPolicy(ABC):
         self._running_per_tenant[request.tenant] += 1
         if entry.charged:
             return 0.0
-        return self._charge(request.tenant, self.cost.prefill(request.prompt_tokens, cached_tokens))
+        service = self._charge(
+            request.tenant, self.cost.prefill(request.prompt_tokens, cached_tokens)
+        )
+        if self.outputs is not None:
+            self._ahead[request_id] = self.outputs.predict(request)
+            self._on_charge(request.tenant, self.cost.decode(self._ahead[request_id]))
+        return service
 
     def record_output(self, request_id: str, tokens: int = 1) -> float:
         """`tokens` more output tokens were generated for a running request (or for one
-        preempted since: engines that schedule ahead deliver a step's tokens late)."""
-        return self._charge(self._served_request(request_id).tenant, self.cost.decode(tokens))
+        preempted since: engines that schedule ahead deliver a step's tokens late); returns
+        the service they are. What admission charged the order ahead covers them first."""
+        request = self._served_request(request_id)
+        self._produced[request_id] += tokens
+        service = self.cost.decode(tokens)
+        self.served[request.tenant] += service
+        covered = min(self._ahead.get(request_id, 0), tokens)
+        if covered:
+            self._ahead[request_id] -= covered
+        if covered < tokens:
+            self._on_charge(request.tenant, self.cost.decode(tokens - covered))
+        return service
 
     def correct_charge(self, request_id: str, service: float) -> float:
         """Add `service` (negative to refund) to what `request_id`'s tenant was charged,
@@ -139,7 +177,17 @@ class LocalPolicy(ABC):
         self._enqueue(Waiting(request, next(self._requeues), charged=True), front=True)
 
     def finish(self, request_id: str) -> None:
-        self._pop_running(request_id)
+        """The request completed: output charged ahead and not produced is refunded."""
+        self._settle_output(self._pop_running(request_id), completed=True)
+
+    def _settle_output(self, request: Request, completed: bool) -> None:
+        request_id = request.request_id
+        unproduced = self._ahead.pop(request_id, 0)
+        if unproduced:  # the order's charge for output that never came
+            self._on_charge(request.tenant, -self.cost.decode(unproduced))
+        produced = self._produced.pop(request_id, 0)
+        if completed and self.outputs is not None:
+            self.outputs.observe(request.tenant, produced)
 
     def take_over(self, previous: LocalPolicy) -> None:
         """Continue from `previous` (a configuration change in a live engine): its running
@@ -153,6 +201,11 @@ class LocalPolicy(ABC):
         for request in previous._running.values():
             self._running[request.request_id] = request
             self._running_per_tenant[request.tenant] += 1
+        self._produced.update(previous._produced)
+        if self.outputs is None:  # output charged ahead stays charged: nothing to refund
+            previous._ahead.clear()
+        else:
+            self._ahead.update(previous._ahead)
         for entry in sorted(previous.waiting(), key=fcfs_key):
             self.add(entry.request)
             self._waiting[entry.request.request_id].charged = entry.charged
@@ -163,12 +216,28 @@ class LocalPolicy(ABC):
     preempt_all = False
 
     def preemption_order(self, running: Sequence[Running]) -> list[Running]:
-        """Which running requests to preempt, in order, when memory runs out.
+        """Which running requests to preempt, in order, when memory runs out. The engine
+        stops as soon as there is room (unless `preempt_all`) and asks again if not.
 
-        vLLM's choice: the most recently admitted first. The engine stops as soon as
-        there is room (unless `preempt_all`) and asks again if there is not.
+        vLLM's choice is the most recently admitted first, whoever it belongs to: under
+        KV pressure that undoes a fair policy's latest admission — often the
+        under-served tenant's request it just let in. A policy that `shares_memory`
+        takes memory back from the tenant furthest above its share first
+        (`fairpool.sched.kv_share`); the others keep vLLM's order.
         """
+        if self.shares_memory:
+            return kv_share.preemption_order(running, self._queues, self.weights)
         return list(reversed(running))
+
+    def memory_claim(self, view: EngineView, request: Request) -> list[Running]:
+        """`request`, the policy's pick, does not fit: the running requests whose memory it
+        may take, in the order to take it (the engine preempts only as many as it needs,
+        and none if all would not do). Only a policy that `shares_memory` names any: those
+        of tenants above their share, if `request`'s tenant stays within its own
+        (`fairpool.sched.kv_share.claim`). The admission order stays the policy's."""
+        if not self.shares_memory:
+            return []
+        return kv_share.claim(request, view.running, self._queues, self.weights)
 
     # ------------------------------------------------------------------ batch shape
 
@@ -194,6 +263,22 @@ class LocalPolicy(ABC):
 
     def waiting_tenants(self) -> list[str]:
         return list(self._queues)
+
+    @property
+    def may_hold_back(self) -> bool:
+        """Whether `next_request` may give nothing while requests wait: memory-safe
+        admission, or the headroom of memory shared by weight."""
+        return self.memory_safe or self.shares_memory
+
+    def running_ids(self) -> list[str]:
+        """The running requests, in the order they were admitted (re-admitted, for a
+        preempted one)."""
+        return list(self._running)
+
+    def head_of(self, tenant: str) -> Request | None:
+        """`tenant`'s earliest waiting request (None if it has none)."""
+        queue = self._queues.get(tenant)
+        return queue[0].request if queue else None
 
     def tenant_waiting(self, tenant: str) -> int:
         return len(self._queues.get(tenant, ()))
@@ -255,6 +340,7 @@ class LocalPolicy(ABC):
     # ------------------------------------------------------------------ internals
 
     def _charge(self, tenant: str, service: float) -> float:
+        """`tenant` received `service`: counted, and charged to the policy's order."""
         self.served[tenant] += service
         self._on_charge(tenant, service)
         return service
@@ -305,3 +391,7 @@ def fcfs_key(entry: Waiting) -> int:
 
 
 __all__ = ["LocalPolicy", "OutputPredictor", "Waiting", "fcfs_key"]
+
+
+def _chosen(option: bool | None, default: bool) -> bool:
+    return default if option is None else option

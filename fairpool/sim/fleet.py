@@ -27,11 +27,13 @@ from fairpool.api.tenant_quota import TenantLimits
 from fairpool.front import (
     FairQueue,
     Flight,
+    FrontListener,
     FrontRequest,
     NoWorker,
     Outcome,
     PoolFront,
     Rejection,
+    Settlement,
     TenantLimiter,
     Usage,
 )
@@ -43,12 +45,17 @@ from fairpool.sched.errors import (
     require_non_negative,
     require_positive,
 )
-from fairpool.sched.registry import make_policy, make_router, policy_parameters
+from fairpool.sched.registry import (
+    make_policy,
+    make_router,
+    policy_parameters,
+    router_parameters,
+)
 from fairpool.sched.requests import Request
 from fairpool.sim.engine import Admission, Completion, SimEngine, StepTime
 from fairpool.sim.metrics import Recorder
 from fairpool.sim.profiles import Profile
-from fairpool.sim.trace import SegmentTokens, TraceRequest
+from fairpool.sim.trace import Segment, SegmentTokens, TraceRequest
 
 POOL = "pool"
 
@@ -124,6 +131,35 @@ class FleetConfig:
 _UNLIMITED = TenantLimits()
 
 
+@dataclass(frozen=True)
+class ClosedLoop:
+    """A tenant's clients that each keep one request in flight: `streams` of them, each
+    sending its next request `think_time` seconds after its last one ended (or after a
+    refusal's Retry-After) — as `fairpool load --concurrency` and most production clients
+    do. Every request is the tenant's shared `prefix` (a system prompt: cacheable), a
+    `question` of its own, and `output_tokens` of answer."""
+
+    tenant: str
+    streams: int
+    prefix: int
+    question: int
+    output_tokens: int
+    think_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_count("streams", self.streams, minimum=1)
+        require_count("prefix", self.prefix)
+        require_count("question", self.question, minimum=1)
+        require_count("output_tokens", self.output_tokens, minimum=1)
+        require_non_negative("think_time", self.think_time)
+
+    def request(self, now: float) -> TraceRequest:
+        segments: tuple[Segment, ...] = ((None, self.question),)
+        if self.prefix:
+            segments = ((f"system-{self.tenant}", self.prefix), *segments)
+        return TraceRequest(now, self.tenant, segments, self.output_tokens, self.output_tokens)
+
+
 class Fleet:
     """Engines behind a pool's front, driven through a trace in virtual time."""
 
@@ -147,17 +183,14 @@ class Fleet:
         ]
         self._positions = {engine.name: position for position, engine in enumerate(self.engines)}
         self._busy: list[tuple[float, int]] = []  # see run()
-        router_params: dict[str, Any] = {}
-        if config.worker_quantum is not None:
-            router_params["worker_quantum"] = config.worker_quantum
-        if config.min_match:
-            router_params["min_match"] = config.min_match
+        router_params = {"worker_quantum": config.worker_quantum, "min_match": config.min_match}
+        accepted = router_parameters(config.router)
         router = make_router(
             config.router,
             [engine.name for engine in self.engines],
             cost=config.cost,
             weights=config.weights,
-            **router_params,
+            **{key: value for key, value in router_params.items() if key in accepted and value},
         )
         clock = self._clock
         self.front = PoolFront(
@@ -177,6 +210,10 @@ class Fleet:
         self._sequence = 0
         self._trace: dict[str, tuple[TraceRequest, Sequence[int]]] = {}
         self._flights: dict[str, Flight] = {}
+        self._streams: dict[str, ClosedLoop] = {}  # request id → its closed-loop client
+        self._sent = 0
+        self._end = math.inf
+        self.front.listeners.append(_StreamsListener(self))
         if config.cold_start:
             names = list(self._positions)
             self.front.set_rotation([])
@@ -208,10 +245,19 @@ class Fleet:
         trace: Sequence[TraceRequest],
         duration: float | None = None,
         progress: Callable[[float], None] | None = None,
+        clients: Sequence[ClosedLoop] = (),
     ) -> Recorder:
-        """Serve `trace` until everything finished, or until `duration` virtual seconds."""
-        self._check_fits(trace)
+        """Serve `trace`, and the closed-loop `clients`, until everything finished (a
+        trace alone), or until `duration` virtual seconds (needed with clients)."""
+        if clients and duration is None:
+            raise ConfigError("duration", "closed-loop clients need a duration to stop")
+        self._check_fits([*trace, *(client.request(0.0) for client in clients)])
         end = math.inf if duration is None else duration
+        self._end = end
+        self._sent = len(trace)
+        for client in clients:
+            for _ in range(client.streams):
+                self._at(0.0, lambda client=client: self._send(client))  # type: ignore[misc]
         arrivals = sorted(enumerate(trace), key=lambda item: (item[1].t, item[0]))
         next_arrival = 0
         # Busy engines by (clock, position): only an engine's own step moves its clock
@@ -247,6 +293,21 @@ class Fleet:
         self.recorder.close(min(self.now, end) if duration is not None else self.now)
         return self.recorder
 
+    def _send(self, client: ClosedLoop) -> None:
+        """One stream of a closed-loop client sends its next request, now."""
+        if self.now >= self._end:
+            return
+        index, self._sent = self._sent, self._sent + 1
+        request_id = f"q{index}"
+        self._streams[request_id] = client
+        self._arrive(index, client.request(self.now))
+
+    def _stream_ended(self, request_id: str, retry_after: float = 0.0) -> None:
+        client = self._streams.pop(request_id, None)
+        if client is not None:
+            wait = max(client.think_time, retry_after)
+            self._at(self.now + wait, lambda: self._send(client))
+
     def _arrive(self, index: int, trace_request: TraceRequest) -> None:
         request = Request(
             f"q{index}",
@@ -268,8 +329,13 @@ class Fleet:
         )
         try:
             flight = self.front.arrive(front_request)
-        except (Rejection, NoWorker):
+        except Rejection as rejection:
             self.recorder.rejected(request)
+            self._stream_ended(request.request_id, rejection.retry_after)
+            return
+        except NoWorker:
+            self.recorder.rejected(request)
+            self._stream_ended(request.request_id, 1.0)
             return
         self.recorder.arrived(request)
         self._trace[request.request_id] = (trace_request, tokens)
@@ -374,6 +440,17 @@ class Fleet:
 
     def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None:
         self.router.evicted(tokens, engine.name, keep)
+
+
+class _StreamsListener(FrontListener):
+    """Tells a closed-loop client's stream that its request ended (however it ended)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def settled(self, settlement: Settlement) -> None:
+        retry_after = 1.0 if settlement.status == 429 else 0.0
+        self.fleet._stream_ended(settlement.request.request_id, retry_after)
 
 
 def _charged_tenants(plan: BatchPlan) -> set[str]:

@@ -275,3 +275,40 @@ def test_preemption_neither_double_charges_nor_loses_requests(server_factory, sc
         assert charged == expected, (tenant, charged, expected)
         assert metric(text, "fairpool_engine_tenant_requests_running", tenant=tenant) == 0
     assert re.search(r'fairpool_engine_scheduler_info\{policy="dlpm"\}', text)
+
+
+def test_vllm_preempts_the_tenant_above_its_share_first(server_factory, scratch: Path):
+    """Weights flood 1 : light 2 on a KV cache that forces preemptions. vLLM alone would
+    preempt its most recently admitted request; the plugin has it preempt the youngest
+    request of the tenant furthest above its weighted share of the cache first — each
+    preemption traced with the tenant planned to lose memory first that step — and every
+    preempted request is still recomputed to its end and charged once."""
+    config = write_config(scratch / "shares.json", policy="vtc", tenants=WEIGHTS)
+    server = server_factory(
+        "shares", config=config, kv_bytes=4 * 1024 * 1024, extra=("--max-num-seqs", "16")
+    )
+
+    async def one(client: httpx.AsyncClient, tenant: str, index: int) -> dict[str, object]:
+        prompt = f"{tenant} task {index}: " + "write the parser " * 4
+        response = await client.post("/v1/completions", json=body(tenant, prompt, 400))
+        assert response.status_code == 200, response.text
+        return {"tenant": tenant, **response.json()["usage"]}
+
+    async def run() -> list[dict[str, object]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+            flood = [asyncio.create_task(one(client, "flood", i)) for i in range(12)]
+            await asyncio.to_thread(wait_until, lambda: arrived(server, "flood"), lambda n: n >= 12)
+            light = [asyncio.create_task(one(client, "light", i)) for i in range(6)]
+            return await asyncio.gather(*flood, *light)
+
+    usages = asyncio.run(run())
+    assert all(usage["completion_tokens"] == 400 for usage in usages)
+    text = server.metrics()
+    preemptions = [event for event in trace_events(server) if event["event"] == "preempt"]
+    assert preemptions and metric(text, "vllm:num_preemptions_total") > 0
+    for event in preemptions:  # the planned tenant first, others only once it has none left
+        assert event["tenant"] == event["planned"] or event["planned_left"] == 0, event
+    for tenant in WEIGHTS:
+        expected = sum(completion_service(u) for u in usages if u["tenant"] == tenant)
+        charged = metric(text, "fairpool_engine_tenant_service_total", tenant=tenant)
+        assert charged == expected, (tenant, charged, expected)

@@ -46,6 +46,7 @@ __all__ = [
     "local_hit_tokens",
     "observed_block_map",
     "prefix_lookup",
+    "put_victims_last",
 ]
 
 
@@ -187,3 +188,13 @@ def extra_args(request: Request) -> dict[str, Any] | None:
         return params.extra_args
     tenant = tenant_in(request.cache_salt)
     return None if tenant is None else {TENANT_XARG: tenant}
+
+
+def put_victims_last(scheduler: Any, victims_first: list[str]) -> None:
+    """Reorder `scheduler.running` so that vLLM preempts in the order `victims_first`
+    names (request ids). vLLM 0.32's `schedule` (FCFS policy) serves running requests
+    from the head of the list and, when one cannot grow, preempts `running[-1]`; so the
+    first victim goes last. Requests not named keep their order, ahead of all named."""
+    rank = {request_id: index for index, request_id in enumerate(victims_first)}
+    unnamed = len(rank)
+    scheduler.running.sort(key=lambda request: -rank.get(request.request_id, unnamed))

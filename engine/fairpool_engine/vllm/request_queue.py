@@ -92,6 +92,7 @@ class PolicyRequestQueue(RequestQueue):
         request_id = request.request_id
         if self.policy.is_running(request_id):
             self.policy.preempt(request_id)
+            self._scheduler.preempted(request_id)
         else:
             self.policy.add(self._scheduler.register(request))
         self._requests[request_id] = request
@@ -113,11 +114,11 @@ class PolicyRequestQueue(RequestQueue):
         self._head = None
 
     def __bool__(self) -> bool:
-        # With memory-safe admission the policy may admit nothing now although requests
-        # wait; False then stops vLLM's admission loop for this step. Other policies
-        # always pick one, so the choice waits until vLLM peeks (it often stops first,
-        # at its running-request limit).
-        if self.policy.memory_safe:
+        # A policy that may hold back (memory-safe admission, memory shared by weight)
+        # may admit nothing now although requests wait; False then stops vLLM's admission
+        # loop for this step. Other policies always pick one, so the choice waits until
+        # vLLM peeks (it often stops first, at its running-request limit).
+        if self.policy.may_hold_back:
             return self._select() is not None
         return bool(self._requests)
 

@@ -12,6 +12,13 @@ admission), and charges tenants for the service they get:
 - each output token as `update_from_output` delivers it (VTC Alg. 2 line 22);
 - nothing again for a preempted request that comes back.
 
+When memory runs out, vLLM preempts the most recently admitted request; a policy that
+shares memory by weight (VTC, DLPM) has it preempt the youngest request of the tenant
+furthest above its share instead (`fairpool.sched.kv_share`), by ordering vLLM's running
+list before each step, and holds back an admission that would take a tenant above its
+share without leaving a block per running request free. What vLLM cannot do is preempt
+to admit a particular waiting request (the simulator's and engine-sim's claims).
+
 The tenant is the request's `vllm_xargs.fairpool_tenant`. The policy and weights come
 from the file named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs.
 
@@ -48,12 +55,13 @@ from fairpool_engine.vllm.compat import (
     local_hit_tokens,
     observed_block_map,
     prefix_lookup,
+    put_victims_last,
 )
 from fairpool_engine.vllm.request_queue import PolicyRequestQueue, policy_request
 
 # vLLM only installs handlers on loggers under its own namespace.
 log = init_logger("vllm.fairpool")
-#: Optional JSON-lines file of scheduling events (add, admit, output, finish), for tests
+#: Optional JSON-lines file of scheduling events (add, admit, preempt, finish), for tests
 #: and for debugging an engine's decisions.
 TRACE_ENV = "FAIRPOOL_SCHEDULER_TRACE"
 #: Where the prefix cache's changes cannot be followed (hybrid or EAGLE layouts): steps a
@@ -243,6 +251,7 @@ class FairSchedulingMixin:
         self.metrics = TenantMetrics()
         self._step_started: float | None = None
         self._finishing: list[str] | None = None  # set while update_from_output runs
+        self._first_victim: str | None = None  # tenant of this step's first victim, planned
         self._trace = _open_trace()
         super().__init__(*args, **kwargs)
         self.waiting = PolicyRequestQueue(self)
@@ -274,6 +283,7 @@ class FairSchedulingMixin:
         # len(), not bool(): with memory-safe admission bool() would pick a request now.
         self._step_started = now if self.running or len(self.waiting) else None
         self.waiting.new_step()
+        self._put_victims_last()
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         self._check_charged_hits(output)
         return output
@@ -308,6 +318,36 @@ class FairSchedulingMixin:
         return result
 
     # ------------------------------------------------------------ internals
+
+    def _put_victims_last(self) -> None:
+        """Have vLLM preempt, when memory runs out this step, in the policy's order: for
+        a policy that shares memory, the youngest requests of the tenants furthest above
+        their share first (`LocalPolicy.preemption_order`), where vLLM would take the
+        most recently admitted of all."""
+        policy = self.live.policy
+        self._first_victim = None
+        if not policy.shares_memory or len(self.running) < 2:
+            return
+        admitted = {request_id: index for index, request_id in enumerate(policy.running_ids())}
+        running = sorted(self.view.running, key=lambda r: admitted.get(r.request_id, -1))
+        order = policy.preemption_order(running)
+        put_victims_last(self, [request.request_id for request in order])
+        self._first_victim = order[0].tenant if order else None
+
+    def preempted(self, request_id: str) -> None:
+        """vLLM preempted `request_id` (traced with the tenant planned to lose memory
+        first this step, and how many of its requests still run)."""
+        if self._trace is None:
+            return
+        planned = self._first_victim
+        left = sum(
+            1
+            for request in self.running
+            if (known := self.policy_requests.get(request.request_id)) is not None
+            and known.tenant == planned
+        )
+        tenant = self.policy_requests[request_id].tenant
+        self._record("preempt", request_id, tenant=tenant, planned=planned, planned_left=left)
 
     def _forget(self, request_id: str) -> None:
         if self.policy_requests.pop(request_id, None) is not None:

@@ -63,6 +63,7 @@ class DLPM(LocalPolicy):
     """LPM order gated by per-tenant deficits with quantum Q (scaled by tenant weight)."""
 
     name = "dlpm"
+    shares_memory = True
 
     def __init__(self, quantum: float = DEFAULT_QUANTUM, **options: Any) -> None:
         super().__init__(**options)

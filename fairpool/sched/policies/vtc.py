@@ -27,6 +27,7 @@ class VTC(LocalPolicy):
     """Least-served tenant first, by weighted virtual token counters with the counter lift."""
 
     name = "vtc"
+    shares_memory = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fairpool.sched.cost import TenantWeights, Tokens
@@ -69,6 +69,17 @@ class WorkerState:
     kv_usage: float = 0.0  # 0..1, as the engine last reported
     waiting: int = 0  # the engine's own queue, as last reported
     dispatched: int = 0  # total requests sent here
+    sent_since_report: int = 0  # dispatched since `waiting` was last reported, outstanding
+    reports: int = 0  # how many times `waiting` was reported
+    #: Outstanding requests per tenant (tenants with none are dropped).
+    tenants: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def expected_waiting(self) -> int:
+        """The engine's queue as it may be now: the last report, plus the requests sent
+        since that are still outstanding (each may still wait). A front that read the
+        report alone would send a whole burst into a queue it believes short."""
+        return self.waiting + self.sent_since_report
 
 
 @dataclass
@@ -78,6 +89,7 @@ class InFlight:
     worker_id: str
     tenant: str
     input_tokens: int  # charged at dispatch as extend tokens, as the router estimated them
+    report: int = 0  # its worker's `reports` when it was dispatched
     orphaned: bool = False  # its worker left the pool while it was in flight
 
 
@@ -116,6 +128,8 @@ class Router(ABC):
             state.kv_usage = require_non_negative("kv_usage", kv_usage)
         if waiting is not None:
             state.waiting = require_count("waiting", waiting)
+            state.sent_since_report = 0
+            state.reports += 1
 
     # ------------------------------------------------------------------ requests
 
@@ -141,8 +155,10 @@ class Router(ABC):
         state = self.workers[worker_id]
         state.outstanding += 1
         state.dispatched += 1
+        state.sent_since_report += 1
+        state.tenants[request.tenant] = state.tenants.get(request.tenant, 0) + 1
         self._in_flight[request.request_id] = InFlight(
-            worker_id, request.tenant, request.input_tokens
+            worker_id, request.tenant, request.input_tokens, report=state.reports
         )
         self._dispatched(request, worker_id)
         return decision
@@ -161,7 +177,15 @@ class Router(ABC):
             raise ConfigError("request_id", f"{request_id!r} is not in flight")
         if flight.orphaned:
             return
-        self.workers[flight.worker_id].outstanding -= 1
+        state = self.workers[flight.worker_id]
+        state.outstanding -= 1
+        if flight.report == state.reports:  # sent since the last report: waits no more
+            state.sent_since_report -= 1
+        left = state.tenants[flight.tenant] - 1
+        if left:
+            state.tenants[flight.tenant] = left
+        else:
+            del state.tenants[flight.tenant]
         self._completed(flight, Tokens(extend=uncached_input, output=output_tokens))
 
     def evicted(self, key: Sequence[Any], worker_id: str, keep: int | None = None) -> None:

@@ -1,0 +1,147 @@
+"""Who holds the KV memory, against what each tenant's weight entitles it to.
+
+A fair admission order (VTC, DLPM) decides who is served next, but under KV-memory
+pressure it is undone by who keeps the memory: a tenant whose whole backlog was admitted
+holds the cache, decode growth then preempts — in vLLM the most recently admitted request,
+which is the fair policy's latest choice — and an under-served tenant's request waits for
+memory however far ahead it is in the fair order. Sheng et al. (OSDI'24, Remark 4.7 and
+§C.3) name capping a client's memory and preemption as the levers beyond the admission
+order; this module is fairpool's form of both, one implementation for every engine
+(simulator, engine-sim, the vLLM plugin):
+
+- **Shares.** The tenants with a running or waiting request are active; tenant i's share
+  of the memory the running requests hold is that total times w_i / Σ_active w. A
+  request's holding is its tokens (prompt and output so far), its part of a common prefix
+  included, so tenants whose requests share prefixes alike compare alike; the rule needs
+  no engine capacity and no cache layout.
+- **Victims** (`preemption_order`). When memory runs out, the most recently admitted
+  request of the tenant furthest above its share goes first: memory comes back from whom
+  holds most of it beyond its share, and the youngest request loses the least work.
+- **Headroom** (`leaves_headroom`). A request that would take its tenant above its share
+  is admitted only while a block per running request stays free; otherwise nothing is
+  admitted until memory frees (the policy's order is kept: the next pick may be another
+  tenant's).
+- **Room for the under-served** (`claim`). When the request the policy picked does not
+  fit and its tenant stays within its share with it, it may take the memory of the
+  youngest requests of tenants above their share, each tenant only as long as it stays
+  at or above its share without the request. Neither side can then take the memory back
+  at once: the admitted request's tenant is within its share, and the victim's tenant,
+  still at or above its own, is above it with the victim back.
+
+The admission order stays the policy's (VTC's, DLPM's): these rules only choose victims,
+hold back, and make room for the policy's own pick. So the papers' service bounds keep
+holding (tests/test_fairness_bounds.py, tests/test_fleet.py); an earlier form that
+admitted the tenant furthest below its *memory* share out of the policy's order broke
+DLPM's Theorem 5.1 (a tenant with short prompts and long answers holds little memory but
+receives much service). What the rules add is measured, not proved: a tenant's requests
+are preempted only after every request of each tenant further above its share, and a
+claim never takes a tenant above its share nor a victim's below its own
+(tests/test_kv_share.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from fairpool.sched.cost import TenantWeights
+from fairpool.sched.requests import EngineView, Request, Running
+
+
+def holdings(running: Iterable[Running]) -> dict[str, int]:
+    """KV tokens each tenant's running requests hold."""
+    held: dict[str, int] = defaultdict(int)
+    for request in running:
+        held[request.tenant] += request.held_tokens
+    return held
+
+
+def excess(held: dict[str, int], active: Iterable[str], weights: TenantWeights) -> dict[str, float]:
+    """Per active tenant: tokens held beyond its weighted share of everything held
+    (negative: below its share)."""
+    tenants = set(active) | set(held)
+    total_weight = sum(weights[tenant] for tenant in tenants)
+    total = sum(held.values())
+    return {
+        tenant: held.get(tenant, 0) - total * weights[tenant] / total_weight for tenant in tenants
+    }
+
+
+def preemption_order(
+    running: Sequence[Running], waiting_tenants: Iterable[str], weights: TenantWeights
+) -> list[Running]:
+    """Running requests in the order memory should be taken back: the tenant furthest
+    above its share first (its share counted before any preemption), each tenant's most
+    recently admitted request first. `running` is in admission order."""
+    over = excess(holdings(running), waiting_tenants, weights)
+    youngest_first = list(reversed(running))
+    return sorted(youngest_first, key=lambda request: -over[request.tenant])
+
+
+def claim(
+    request: Request,
+    running: Sequence[Running],
+    waiting_tenants: Iterable[str],
+    weights: TenantWeights,
+) -> list[Running]:
+    """The running requests whose memory `request` may take, in the order to take it
+    (the engine preempts only as many as it needs): none unless `request`'s tenant stays
+    within its share with it admitted; then the youngest requests of tenants above their
+    share, each tenant only as long as it stays at or above its share without them."""
+    active = set(waiting_tenants)
+    with_it = _with(holdings(running), request)
+    if excess(with_it, active, weights)[request.tenant] > 0:
+        return []
+    return _victims(request.tenant, with_it, running, active, weights)
+
+
+def leaves_headroom(
+    view: EngineView, request: Request, waiting_tenants: Iterable[str], weights: TenantWeights
+) -> bool:
+    """Whether admitting `request` is fine for the memory: yes if its tenant stays within
+    its share; otherwise only if a block of room per running request is left after it
+    (one more decode step for everyone). Filling the last blocks with a tenant already
+    above its share would have the next steps preempt — recomputation that costs every
+    tenant, and a wait for memory the under-served tenants' requests then queue behind."""
+    held = holdings(view.running)
+    if excess(_with(held, request), set(waiting_tenants), weights)[request.tenant] <= 0:
+        return True
+    free = (1.0 - view.memory_utilization) * view.memory_tokens
+    needs = request.prompt_tokens - view.cached_tokens(request)
+    return free - needs >= (len(view.running) + 1) * view.block_size
+
+
+def _with(held: dict[str, int], request: Request) -> dict[str, int]:
+    """`held` with `request`'s prompt admitted."""
+    with_it = dict(held)
+    with_it[request.tenant] = with_it.get(request.tenant, 0) + request.prompt_tokens
+    return with_it
+
+
+def _victims(
+    tenant: str,
+    held: dict[str, int],
+    running: Sequence[Running],
+    active: set[str],
+    weights: TenantWeights,
+) -> list[Running]:
+    """Each victim is the youngest request of the tenant then furthest above its share
+    that stays at or above its share without that request."""
+    held = dict(held)
+    queues: dict[str, list[Running]] = defaultdict(list)
+    for request in running:  # admission order: the youngest last
+        if request.tenant != tenant:
+            queues[request.tenant].append(request)
+    victims: list[Running] = []
+    while True:
+        over = excess(held, active, weights)
+        above = [other for other in queues if queues[other] and over[other] > 0]
+        for furthest in sorted(above, key=lambda other: -over[other]):
+            victim = queues[furthest][-1]
+            held[furthest] -= victim.held_tokens
+            if excess(held, active, weights)[furthest] >= 0:
+                break
+            held[furthest] += victim.held_tokens  # it would fall below its share
+        else:
+            return victims
+        victims.append(queues[furthest].pop())

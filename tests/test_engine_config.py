@@ -53,9 +53,27 @@ def test_defaults_and_a_full_file(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("document", "shares"),
+    [
+        ({}, True),  # dlpm
+        ({"policy": "vtc"}, True),
+        ({"policy": "fcfs"}, False),
+        ({"policy": "vtc", "shareMemory": False}, False),
+        ({"policy": "lpm", "shareMemory": True}, True),
+    ],
+)
+def test_memory_is_shared_by_weight_by_the_fair_policies_unless_turned_off(document, shares):
+    config = parse_scheduler_config(document)
+    assert config.make_policy().shares_memory is shares
+    other = parse_scheduler_config({**document, "shareMemory": not shares})
+    assert not config.same_policy(other)  # a change builds the policy anew
+
+
+@pytest.mark.parametrize(
     ("document", "field"),
     [
         ({"policy": "fifo"}, "policy"),
+        ({"shareMemory": "sometimes"}, "shareMemory"),
         ({"tenants": {"a": 0}}, "tenants"),
         ({"quantum": -1}, "quantum"),
         ({"cost": {"outputWeight": "x"}}, "cost.outputWeight"),

@@ -117,6 +117,12 @@ class PoolScheduler(Spec):
     quantum: float | None = Field(
         default=None, gt=0, description="DLPM's quantum Q in service units (dlpm only)."
     )
+    share_memory: bool | None = Field(
+        default=None,
+        alias="shareMemory",
+        description="Under KV pressure, preempt from and hold back the tenants above their "
+        "weighted share of the cache (unset: on for vtc and dlpm, off for the others).",
+    )
     cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
 
     _known_policy = field_validator("policy")(lambda cls, name: known_policy(name))

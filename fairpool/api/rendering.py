@@ -24,6 +24,7 @@ def scheduler_config(pool: InferencePool, quotas: Iterable[TenantQuota]) -> Sche
         policy=spec.policy,
         memorySafe=spec.memory_safe,
         quantum=spec.quantum,
+        shareMemory=spec.share_memory,
         cost=spec.cost,
         tenants={
             quota.tenant: quota.spec.weight for quota in quotas if quota.spec.may_use(pool.name)

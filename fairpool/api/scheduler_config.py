@@ -5,6 +5,7 @@ both engines (the vLLM plugin and `fairpool engine-sim`) read.
 policy: dlpm            # any name `fairpool policies` lists, e.g. vtc, fcfs, lpm, dlpm+memsafe
 memorySafe: false       # add memory-safe admission (seed 002) to the policy's order
 quantum: 2048           # DLPM's Q, in service units (dlpm only)
+shareMemory: true       # share KV memory by weight under pressure (unset: on for vtc, dlpm)
 cost: {extendWeight: 1, outputWeight: 2}
 defaultWeight: 1        # tenants not listed below
 tenants: {acme: 2, globex: 1}
@@ -74,6 +75,7 @@ class SchedulerConfig(BaseModel):
     policy: str = "dlpm"
     memory_safe: bool = Field(default=False, alias="memorySafe")
     quantum: float | None = Field(default=None, gt=0)
+    share_memory: bool | None = Field(default=None, alias="shareMemory")
     cost: CostWeights = Field(default_factory=CostWeights)
     default_weight: float = Field(default=1.0, gt=0, alias="defaultWeight")
     tenants: dict[str, float] = Field(default_factory=dict)
@@ -104,6 +106,8 @@ class SchedulerConfig(BaseModel):
         params: dict[str, Any] = {}
         if self.quantum is not None:
             params["quantum"] = self.quantum
+        if self.share_memory is not None:
+            params["share_memory"] = self.share_memory
         try:
             return make_policy(
                 self.policy_name, cost=self.cost.model(), weights=self.weights(), **params
@@ -113,9 +117,10 @@ class SchedulerConfig(BaseModel):
 
     def same_policy(self, other: SchedulerConfig) -> bool:
         """True when only tenant weights differ: the running policy can keep its state."""
-        return (self.policy_name, self.quantum, self.cost) == (
+        return (self.policy_name, self.quantum, self.share_memory, self.cost) == (
             other.policy_name,
             other.quantum,
+            other.share_memory,
             other.cost,
         )
 

@@ -133,6 +133,9 @@ def pool_settings(spec: InferencePoolSpec) -> dict[str, Any]:
         "workers": max(spec.replicas, 1),
         "policy": scheduler.policy + ("+memsafe" if scheduler.memory_safe else ""),
         "quantum": scheduler.quantum,
+        "policy_params": (
+            {} if scheduler.share_memory is None else {"share_memory": scheduler.share_memory}
+        ),
         "cost": scheduler.cost.model(),
         "router": routing.policy,
         "worker_quantum": routing.worker_quantum,

@@ -305,6 +305,38 @@ def test_sim_command_reads_tenant_weights_and_plots(tmp_path):
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+def test_sim_command_runs_closed_loop_clients(tmp_path):
+    """`--client TENANT:STREAMS[:P:Q:O]`: each tenant keeps its streams busy for the whole
+    run, so a pool under KV pressure can be reproduced as production loads it."""
+    out = tmp_path / "out.json"
+    argv = ["sim", "--client", "flood:16", "--client", "light:4:64:16:8", "--workers", "2"]
+    argv += ["--memory-tokens", "1024", "--block-size", "16", "--duration", "5"]
+    assert main([*argv, "--json", str(out)]) == 0
+    tenants = json.loads(out.read_text())["tenants"]
+    assert set(tenants) == {"flood", "light"}
+    # Closed loops: every request finished, except at most the streams still in flight.
+    assert 0 <= tenants["flood"]["requests"] - tenants["flood"]["finished"] <= 16
+    assert 0 <= tenants["light"]["requests"] - tenants["light"]["finished"] <= 4
+    assert tenants["light"]["finished"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--client", "flood:2"], "--duration"),
+        (["--client", "flood:x", "--duration", "1"], "--client"),
+        (["--client", ":2", "--duration", "1"], "--client"),
+        (["--client", "flood:2:1:1", "--duration", "1"], "--client"),
+        (["--client", "flood:0", "--duration", "1"], "--client"),
+        (["--client", "a:1", "--duration", "1", "--write-trace", "t.jsonl"], "--write-trace"),
+        (["--client", "a:1", "--duration", "1", "--workload-param", "rate=1"], "--workload-param"),
+    ],
+)
+def test_bad_closed_loop_clients_are_clear_errors(capsys, argv, named):
+    assert main(["sim", *argv]) == 2
+    assert named in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("lines", "expected"),
     [

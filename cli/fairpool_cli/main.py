@@ -16,6 +16,7 @@ from fairpool import __version__
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
+from fairpool.sim.fleet import ClosedLoop
 from fairpool.sim.plots import plot_service_over_time
 from fairpool_cli.parent import die_with_parent
 from fairpool_engine.sim import options as sim_options
@@ -94,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     source = sim.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE", help="trace file (JSON lines)")
     source.add_argument("--workload", metavar="NAME", help="a generated workload")
+    source.add_argument(
+        "--client",
+        action="append",
+        metavar="TENANT:STREAMS[:P:Q:O]",
+        help="closed-loop clients of a tenant: STREAMS requests always in flight, each a "
+        "shared prefix of P tokens, a question of Q and an answer of O (default 512:32:64); "
+        "repeatable, needs --duration",
+    )
     sim.add_argument(
         "--workload-param",
         action="append",
@@ -376,9 +385,27 @@ def _sim(args: argparse.Namespace) -> int:
         rpm_limit=args.rpm_limit,
         pool=args.pool,
         workload_params=_key_values("--workload-param", args.workload_param),
+        clients=tuple(_closed_loop(text) for text in args.client or ()),
     )
     run_command(options, args.json, args.plot, args.write_trace, _wide_console())
     return 0
+
+
+def _closed_loop(text: str) -> ClosedLoop:
+    """A `--client TENANT:STREAMS[:P:Q:O]` value."""
+    parts = text.split(":")
+    shapes = (2, 5)
+    if len(parts) not in shapes or not parts[0] or not all(p.isdigit() for p in parts[1:]):
+        raise ConfigError(
+            "--client",
+            f"{text!r}: expected TENANT:STREAMS or TENANT:STREAMS:P:Q:O (prefix, question and "
+            "output tokens)",
+        )
+    numbers = [int(part) for part in parts[1:]] + [512, 32, 64][len(parts) - 2 :]
+    try:
+        return ClosedLoop(parts[0], *numbers)
+    except ConfigError as error:
+        raise ConfigError("--client", f"{text!r}: {error.parameter} {error.problem}") from None
 
 
 def _engine(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from fairpool.api.tenant_quota import tenant_weights
 from fairpool.front import tokens_for_chars
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.errors import ConfigError
-from fairpool.sim.fleet import Fleet, FleetConfig
+from fairpool.sim.fleet import ClosedLoop, Fleet, FleetConfig
 from fairpool.sim.metrics import fairness_bound
 from fairpool.sim.profiles import get_profile
 from fairpool.sim.trace import TraceRequest, read_trace, write_trace
@@ -46,11 +46,23 @@ class SimulationOptions:
     rpm_limit: int | None = None
     pool: str | None = None
     workload_params: dict[str, object] = field(default_factory=dict)
+    clients: tuple[ClosedLoop, ...] = ()  # closed-loop tenants (`--client`)
 
 
 def load_requests(options: SimulationOptions) -> list[TraceRequest]:
-    if (options.trace is None) == (options.workload is None):
-        raise ConfigError("--trace", "give exactly one of --trace FILE and --workload NAME")
+    """The requests of a trace or a generated workload; none for closed-loop clients,
+    which send theirs as the run goes."""
+    sources = [options.trace is not None, options.workload is not None, bool(options.clients)]
+    if sum(sources) != 1:
+        raise ConfigError(
+            "--trace", "give exactly one of --trace FILE, --workload NAME and --client ..."
+        )
+    if options.clients:
+        if options.duration is None:
+            raise ConfigError("--duration", "closed-loop clients (--client) need a duration")
+        if options.workload_params:
+            raise ConfigError("--workload-param", "only applies to --workload")
+        return []
     if options.trace is not None:
         if options.workload_params:
             raise ConfigError("--workload-param", "only applies to --workload")
@@ -74,13 +86,16 @@ def simulate(
     """Run the fleet; returns it and the summary in the `--json` format."""
     config = fleet_config(options)
     fleet = Fleet(config, seed=options.seed)
-    recorder = fleet.run(requests, duration=options.duration, progress=progress)
-    tenants = sorted({request.tenant for request in requests})
+    recorder = fleet.run(
+        requests, duration=options.duration, progress=progress, clients=options.clients
+    )
+    first = [client.request(0.0) for client in options.clients]
+    tenants = sorted({request.tenant for request in [*requests, *first]})
     bound = fairness_bound(
         config.policy,
         config.router,
         config.workers,
-        max((request.prompt_tokens for request in requests), default=0),
+        max((request.prompt_tokens for request in [*requests, *first]), default=0),
         config.memory_tokens,
         config.cost,
         [config.weights[tenant] for tenant in tenants],
@@ -155,8 +170,10 @@ def run_command(
     console: Console,
 ) -> dict[str, Any]:
     requests = load_requests(options)
-    if not requests:
+    if not requests and not options.clients:
         raise ConfigError("--trace", "the trace has no requests")
+    if write_trace_out and options.clients:
+        raise ConfigError("--write-trace", "closed-loop clients send no trace in advance")
     if write_trace_out:
         write_trace(requests, write_trace_out)
     horizon = options.duration or max(request.t for request in requests)
@@ -177,7 +194,7 @@ def run_command(
 def summary_table(
     options: SimulationOptions, config: FleetConfig, summary: dict[str, Any]
 ) -> Table:
-    source = options.trace or options.workload
+    source = options.trace or options.workload or "closed-loop clients"
     title = (
         f"{source}: {config.workers} worker(s), policy {config.policy}, "
         f"router {config.router}, profile {options.profile}"

@@ -9,7 +9,6 @@ decodes the policy defers run after prefills, only if the budget leaves room
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,12 +18,8 @@ from fairpool.sched.requests import EngineView, Request, Running
 
 
 class BatchingEngine(EngineView, Protocol):
-    def try_admit(
-        self, request: Request, cached_tokens: int, victims: Sequence[Running] = ()
-    ) -> Running | None:
-        """Allocate KV memory and start `request`; None if it does not fit now. When it
-        does not fit, the engine may preempt `victims`, in order, as many as it needs —
-        and none if all of them would not make room."""
+    def try_admit(self, request: Request, cached_tokens: int) -> Running | None:
+        """Allocate KV memory and start `request`; None if it does not fit now."""
         ...
 
 
@@ -64,12 +59,6 @@ def form_batch(
             break
         cached = engine.cached_tokens(request)
         started = engine.try_admit(request, cached)
-        if started is None:  # memory may come back from tenants above their share
-            victims = policy.memory_claim(engine, request)
-            if victims:
-                started = engine.try_admit(request, cached, victims)
-                if started is not None:
-                    _drop_preempted(plan, engine.running)
         if started is None:
             break  # head-of-line: the pass stops at the first request that does not fit
         policy.admit(request.request_id, cached)
@@ -78,11 +67,3 @@ def form_batch(
             plan.prefills.append((started, min(started.prefill_remaining, budget - plan.tokens)))
     add_decodes(deferred)
     return plan
-
-
-def _drop_preempted(plan: BatchPlan, running: Sequence[Running]) -> None:
-    """Take out of the plan what the engine preempted while it was being formed."""
-    still = {id(request) for request in running}
-    plan.decodes = [request for request in plan.decodes if id(request) in still]
-    plan.prefills = [(request, chunk) for request, chunk in plan.prefills if id(request) in still]
-    plan.admitted = [request for request in plan.admitted if id(request) in still]

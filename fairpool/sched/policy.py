@@ -229,16 +229,6 @@ class LocalPolicy(ABC):
             return kv_share.preemption_order(running, self._queues, self.weights)
         return list(reversed(running))
 
-    def memory_claim(self, view: EngineView, request: Request) -> list[Running]:
-        """`request`, the policy's pick, does not fit: the running requests whose memory it
-        may take, in the order to take it (the engine preempts only as many as it needs,
-        and none if all would not do). Only a policy that `shares_memory` names any: those
-        of tenants above their share, if `request`'s tenant stays within its own
-        (`fairpool.sched.kv_share.claim`). The admission order stays the policy's."""
-        if not self.shares_memory:
-            return []
-        return kv_share.claim(request, view.running, self._queues, self.weights)
-
     # ------------------------------------------------------------------ batch shape
 
     def split_decodes(self, view: EngineView) -> tuple[list[Running], list[Running]]:

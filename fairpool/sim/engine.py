@@ -222,18 +222,15 @@ class SimEngine:
         self._stalled = False  # the head of the queue may have changed
         return True
 
-    def try_admit(
-        self, request: Request, cached_tokens: int, victims: Sequence[Running] = ()
-    ) -> Running | None:
+    def try_admit(self, request: Request, cached_tokens: int) -> Running | None:
         job = self._jobs[request.request_id]
         # After a preemption the generated tokens are recomputed along with the prompt.
         extend = request.prompt_tokens + job.output_done - cached_tokens
         private = extend
         reserved = request.max_tokens - job.output_done if self.admission == "reserve" else 0
-        need = self.blocks_for(private + reserved)
         # Lock the hit first, so that making room cannot evict the prefix being reused.
         lock = self.cache.lock(job.tokens[:cached_tokens]) if cached_tokens else None
-        if not self._room_in_cache(need) and not self._preempt_for(need, victims):
+        if not self._room_in_cache(self.blocks_for(private + reserved)):
             if lock is not None:
                 self.cache.unlock(lock)
             return None
@@ -323,28 +320,6 @@ class SimEngine:
                 self._preempt(running)
                 if self._room_in_cache(0) and not self.policy.preempt_all:
                     return
-
-    def _preempt_for(self, need: int, victims: Sequence[Running]) -> bool:
-        """Preempt `victims`, in order, until `need` tokens fit; none of them (and False)
-        if all of them would not free enough. Only their own tokens are counted as freed
-        (a prefix they share may stay locked by others), so the check never preempts in
-        vain."""
-        if not victims:
-            return False
-        free = self.memory_tokens - self.memory_in_use - self._decode_room
-        freed = sum(self._freed_by(victim) for victim in victims)
-        if free + freed < need:
-            return False
-        for victim in victims:
-            self._preempt(victim)
-            if self._room_in_cache(need):
-                return True
-        return False
-
-    def _freed_by(self, running: Running) -> int:
-        job = self._jobs[running.request_id]
-        growth = self._decode_growth(running) if running.decoding else 0
-        return job.footprint + growth
 
     def _preempt(self, running: Running) -> None:
         job = self._jobs[running.request_id]

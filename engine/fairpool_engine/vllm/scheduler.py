@@ -16,8 +16,7 @@ When memory runs out, vLLM preempts the most recently admitted request; a policy
 shares memory by weight (VTC, DLPM) has it preempt the youngest request of the tenant
 furthest above its share instead (`fairpool.sched.kv_share`), by ordering vLLM's running
 list before each step, and holds back an admission that would take a tenant above its
-share without leaving a block per running request free. What vLLM cannot do is preempt
-to admit a particular waiting request (the simulator's and engine-sim's claims).
+share without leaving a block per running request free.
 
 The tenant is the request's `vllm_xargs.fairpool_tenant`. The policy and weights come
 from the file named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs.

@@ -78,7 +78,7 @@ class LocalPolicy(ABC):
         self.outputs = RecentOutputs() if predict_output else None
         self.shares_memory = _chosen(share_memory, self.shares_memory)
         self._ahead: dict[str, int] = {}  # running request → output charged, not produced
-        self._produced: dict[str, int] = defaultdict(int)  # request → output produced
+        self._produced: dict[str, int] = defaultdict(int)  # request → output (predicting)
         self.served: dict[str, float] = defaultdict(float)
         self._queues: dict[str, deque[Waiting]] = {}  # tenants with a waiting request
         self._waiting: dict[str, Waiting] = {}
@@ -151,7 +151,8 @@ class LocalPolicy(ABC):
         preempted since: engines that schedule ahead deliver a step's tokens late); returns
         the service they are. What admission charged the order ahead covers them first."""
         request = self._served_request(request_id)
-        self._produced[request_id] += tokens
+        if self.outputs is not None:
+            self._produced[request_id] += tokens
         service = self.cost.decode(tokens)
         self.served[request.tenant] += service
         covered = min(self._ahead.get(request_id, 0), tokens)
@@ -201,10 +202,8 @@ class LocalPolicy(ABC):
         for request in previous._running.values():
             self._running[request.request_id] = request
             self._running_per_tenant[request.tenant] += 1
-        self._produced.update(previous._produced)
-        if self.outputs is None:  # output charged ahead stays charged: nothing to refund
-            previous._ahead.clear()
-        else:
+        if self.outputs is not None:  # else what was charged ahead stays charged
+            self._produced.update(previous._produced)
             self._ahead.update(previous._ahead)
         for entry in sorted(previous.waiting(), key=fcfs_key):
             self.add(entry.request)

@@ -70,7 +70,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import RESULTS, write_results
-from routers import HOST, Process, StartError, free_port, spawn, wait_until
+from routers import (
+    HOST,
+    EngineOptions,
+    Process,
+    StartError,
+    free_port,
+    spawn,
+    start_engines,
+    wait_until,
+)
 
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool_cli.load import (
@@ -129,33 +138,6 @@ def say(message: str) -> None:
 
 
 # ---------------------------------------------------------------------- processes
-
-
-def start_engines(count: int, speedup: float, logs: Path) -> list[Process]:
-    engines: list[Process] = []
-    try:
-        for index in range(count):
-            port = free_port()
-            command = [sys.executable, "-m", "fairpool_cli", "engine-sim", "--host", HOST]
-            command += ["--port", str(port), "--model", MODEL, "--speedup", f"{speedup:g}"]
-            command += ["--max-model-len", str(MAX_MODEL_LEN), "--seed", str(index)]
-            command += ["--disable-uvicorn-access-log"]
-            engine = spawn(f"engine-{port}", command, None, logs)
-            engine.url = f"http://{HOST}:{port}"
-            engines.append(engine)
-        for engine in engines:
-            url = engine.url
-            wait_until(
-                lambda url=url: httpx.get(f"{url}/health", timeout=2).status_code == 200,
-                engine,
-                60,
-                f"engine-sim {url}",
-            )
-    except BaseException:
-        for engine in engines:
-            engine.stop()
-        raise
-    return engines
 
 
 def gateway_document(port: int, admin_port: int, workers: list[str]) -> dict[str, Any]:
@@ -834,7 +816,8 @@ def main(argv: list[str] | None = None) -> None:
     engines: list[Process] = []
     gateway: Gateway | None = None
     try:
-        engines = start_engines(settings.workers, settings.speedup, settings.logs)
+        options = EngineOptions(speedup=settings.speedup, max_model_len=MAX_MODEL_LEN)
+        engines = start_engines(settings.workers, options, None, settings.logs)
         gateway = start_gateway([engine.url for engine in engines], settings.logs)
         run = asyncio.run(soak(gateway, settings))
         alive = gateway.process.alive()

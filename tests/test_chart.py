@@ -1142,7 +1142,7 @@ def known_metric_names() -> set[str]:
     from fairpool_gateway.metrics import GatewayMetrics
 
     gateway = GatewayMetrics()
-    gateway.add_state(lambda: iter(()), lambda: iter(()), lambda: iter(()))
+    gateway.add_state(lambda: iter(()), lambda: iter(()), lambda: iter(()), lambda: iter(()))
     engine = CollectorRegistry()
     EngineMetrics("model", registry=engine)
     suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}

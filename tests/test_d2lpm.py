@@ -20,6 +20,7 @@ from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policies.dlpm import refills_to_credit
 from fairpool.sched.routers import D2LPM, RouteRequest
+from fairpool.sched.routers.d2lpm import AUTO_WORKER_QUANTUM_FLOOR, AUTO_WORKER_QUANTUM_REQUESTS
 
 pytestmark = pytest.mark.unit
 
@@ -309,21 +310,24 @@ def holders_of_longest_match(router: D2LPM, key: list[int]) -> set[str]:
 
 @given(
     workers=st.integers(1, 5),
-    quantum=st.sampled_from([20.0, 100.0, 300.0, 5000.0]),
+    quantum=st.sampled_from([20.0, 100.0, 300.0, 5000.0, None]),
     weighted=st.booleans(),
     max_tree_tokens=st.sampled_from([16, 1 << 20]),
     ops=operations,
 )
 def test_d2lpm_properties(
     workers: int,
-    quantum: float,
+    quantum: float | None,
     weighted: bool,
     max_tree_tokens: int,
     ops: list[tuple[Any, ...]],
 ) -> None:
+    """With `auto` Q^w (None), prompts cost up to 100× their tokens, so Q^w grows past its
+    floor as larger prompts are routed."""
     pool = [f"w{i}" for i in range(workers)]
     weights = TenantWeights(WEIGHTS if weighted else {})
-    router = D2LPM(pool, quantum, weights=weights, max_tree_tokens=max_tree_tokens)
+    cost = CostModel(extend_weight=100.0) if quantum is None else None
+    router = D2LPM(pool, quantum, cost=cost, weights=weights, max_tree_tokens=max_tree_tokens)
     cost = router.cost
     in_flight: list[tuple[str, str]] = []  # (request id, worker)
     keys: list[list[int]] = []
@@ -338,6 +342,7 @@ def test_d2lpm_properties(
             credit = {w for w, q in before.items() if q > 0}
             holders = holders_of_longest_match(router, key) & credit
             load = outstanding(router)
+            quantum_t = router.tenant_quantum(tenant)  # the refill's; routing may grow it
             request = RouteRequest(f"r{next(_ids)}", tenant, key, tokens)
             worker = router.route(request).worker
             charge = cost.service(tokens, 0)
@@ -354,7 +359,6 @@ def test_d2lpm_properties(
             else:
                 # refilled on every worker by the same number of quanta (the fewest that
                 # give some worker credit), then sent to a worker with credit
-                quantum_t = router.tenant_quantum(tenant)
                 rounds = min(refills_to_credit(q, quantum_t) for q in before.values())
                 after = deficits(router, tenant)
                 after[worker] += charge
@@ -382,6 +386,11 @@ def test_d2lpm_properties(
                 assert q <= limit, (tenant, worker, q, limit)
         # (c) outstanding = routed - completed, per worker
         assert outstanding(router) == {w: routed[w] - completed[w] for w in pool}
+        # (d) an `auto` Q^w is eight of the largest prompts routed, at least its floor
+        if quantum is None:
+            assert router.worker_quantum == max(
+                AUTO_WORKER_QUANTUM_FLOOR, AUTO_WORKER_QUANTUM_REQUESTS * router.largest_prompt
+            )
 
 
 @given(

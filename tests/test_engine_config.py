@@ -188,17 +188,20 @@ def test_tenant_metrics_follow_the_policy():
     live.policy.add(Request("r1", "acme", 100, 10))
     live.policy.add(Request("r2", "globex", 50, 10))
     live.policy.admit("r1", cached_tokens=40)
-    metrics.export(live, force=True)
+    metrics.export(live, 1000, force=True)
     text = generate_latest(registry).decode()
     assert 'fairpool_engine_tenant_service_total{tenant="acme"} 60.0' in text
     assert 'fairpool_engine_tenant_requests_waiting{tenant="globex"} 1.0' in text
     assert 'fairpool_engine_tenant_requests_running{tenant="acme"} 1.0' in text
     assert 'fairpool_engine_scheduler_info{policy="dlpm"} 1.0' in text
+    # `auto` Q: the floor until a prompt costs more; 2(U + Q) with U = 100 + 2·1000
+    assert 'fairpool_engine_scheduler_quantum{policy="dlpm"} 2048.0' in text
+    assert 'fairpool_engine_scheduler_fairness_bound{policy="dlpm"} 8296.0' in text
     live.policy.record_output("r1", 3)
-    metrics.export(live)  # throttled: nothing changes yet
+    metrics.export(live, 1000)  # throttled: nothing changes yet
     assert 'tenant="acme"} 60.0' in generate_latest(registry).decode()
     clock.now += 1
-    metrics.export(live)
+    metrics.export(live, 1000)
     assert 'fairpool_engine_tenant_service_total{tenant="acme"} 66.0' in (
         generate_latest(registry).decode()
     )

@@ -392,9 +392,14 @@ def test_the_scheduler_config_reloads_while_serving(tmp_path):
     with ServerThread(options) as server:
         httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", **tenant("acme")})
         assert metric(server.url, "fairpool_engine_scheduler_info", policy="vtc") == 1
+        bound = "fairpool_engine_scheduler_fairness_bound"
+        assert metric(server.url, bound, policy="vtc") > 0
         config.write_text("policy: dlpm\ntenants: {acme: 3}\nquantum: 512\n")
         wait_until(lambda: metric(server.url, "fairpool_engine_tenant_weight", tenant="acme") == 3)
         assert metric(server.url, "fairpool_engine_scheduler_info", policy="dlpm") == 1
+        assert metric(server.url, "fairpool_engine_scheduler_quantum", policy="dlpm") == 512
+        assert metric(server.url, bound, policy="dlpm") > 2 * 512
+        assert metric(server.url, bound, policy="vtc") == 0  # the old policy's series is gone
         assert server.sim.runner.engine.policy is server.sim.runner.live.policy
         response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "y", **tenant("b")})
         assert response.status_code == 200

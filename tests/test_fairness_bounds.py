@@ -31,6 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairpool.sched import CostModel, EngineSnapshot, Request, Running, TenantWeights, make_policy
+from fairpool.sched.policies.dlpm import AUTO_QUANTUM_FLOOR, DLPM
+from fairpool.sched.policies.vtc import VTC
 
 pytestmark = pytest.mark.unit
 
@@ -184,7 +186,7 @@ class Engine:
         return worst
 
 
-def run(name: str, events: list, table: TenantWeights, **params: float) -> Engine:  # type: ignore[type-arg]
+def run(name: str, events: list, table: TenantWeights, **params: object) -> Engine:  # type: ignore[type-arg]
     engine = Engine(make_policy(name, weights=table, **params), table)
     engine.record()
     for step in events:
@@ -228,3 +230,32 @@ def test_dlpm_a_backlogged_tenant_is_never_left_more_than_2_u_plus_q_behind(
     engine = run("dlpm", events, table, quantum=quantum)
     bound = 2 * (U / min(table[t] for t in TENANTS) + quantum)
     assert engine.largest_gain_over_a_backlogged_tenant() <= bound + 1e-6
+
+
+#: Prompts costing up to 40 × MAX_PROMPT = 16,000, well past the `auto` quantum's floor.
+EXPENSIVE_PROMPTS = CostModel(extend_weight=40.0)
+
+
+@settings(max_examples=300)
+@given(contended, weights)
+def test_dlpm_auto_quantum_keeps_the_bound_it_reports(events, tenant_weights):
+    """With `auto` Q, the quantum grows as larger prompts are admitted; the gap stays
+    within the bound the policy reports for the quantum in force at the end, 2(U + Q) with
+    U from the largest prompt it admitted."""
+    table = TenantWeights(tenant_weights)
+    engine = run("dlpm", events, table, cost=EXPENSIVE_PROMPTS)
+    policy = engine.policy
+    assert isinstance(policy, DLPM)
+    assert policy.quantum == max(AUTO_QUANTUM_FLOOR, policy.largest_prompt)
+    assert engine.largest_gain_over_a_backlogged_tenant() <= policy.service_bound(MEMORY) + 1e-6
+
+
+@settings(max_examples=300)
+@given(workloads, weights)
+def test_vtc_keeps_the_bound_it_reports(events, tenant_weights):
+    """VTC's reported bound, 2U with U from the largest prompt it admitted."""
+    table = TenantWeights(tenant_weights)
+    engine = run("vtc", events, table)
+    policy = engine.policy
+    assert isinstance(policy, VTC)
+    assert engine.largest_gain_over_a_backlogged_tenant() <= policy.service_bound(MEMORY) + 1e-6

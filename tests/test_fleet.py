@@ -14,10 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairpool.sched import CostModel, Request, TenantWeights
+from fairpool.sched import Request, TenantWeights
+from fairpool.sched.policies.dlpm import AUTO_QUANTUM_FLOOR
+from fairpool.sched.routers.d2lpm import AUTO_WORKER_QUANTUM_FLOOR
 from fairpool.sim.engine import StepTime
 from fairpool.sim.fleet import Fleet, FleetConfig
-from fairpool.sim.metrics import Recorder, fairness_bound
+from fairpool.sim.metrics import Recorder
 from fairpool.sim.trace import TraceRequest, read_trace
 from fairpool_cli.main import main
 
@@ -55,19 +57,8 @@ def run(
         weights=TenantWeights(weights),
     )
     fleet = Fleet(config)
-    recorder = fleet.run(trace, duration=duration)
-    tenants = sorted({r.tenant for r in trace})
-    bound = fairness_bound(
-        policy,
-        router,
-        workers,
-        max(r.prompt_tokens for r in trace),
-        memory,
-        CostModel(),
-        [config.weights[t] for t in tenants],
-        quantum,
-    )
-    return fleet, recorder.summary(fairness_bound=bound)
+    fleet.run(trace, duration=duration)
+    return fleet, fleet.summary()
 
 
 # ---------------------------------------------------------------- recorder
@@ -236,6 +227,9 @@ def test_sim_command_writes_the_json_contract(tmp_path, capsys):
         "tenants",
     ):
         assert key in summary
+    # the default policy and router, DLPM behind D2LPM, with their `auto` quanta in force
+    assert summary["quantum"] == AUTO_QUANTUM_FLOOR  # the trace's prompts cost less
+    assert summary["worker_quantum"] == AUTO_WORKER_QUANTUM_FLOOR
     for key in (
         "requests",
         "finished",

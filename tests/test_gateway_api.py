@@ -23,6 +23,7 @@ from gateway_helpers import (
 )
 from sim_http import metric
 
+from fairpool.sched.routers.d2lpm import AUTO_WORKER_QUANTUM_FLOOR
 from fairpool_gateway.openapi import openapi_document
 
 pytestmark = pytest.mark.loopback
@@ -188,6 +189,10 @@ def test_routing_follows_prefixes_and_the_hit_metric_counts_only_real_hits(pool)
     assert end[2] - seen[2] >= 3 * sum(len(document) for document in documents)
     pools = httpx.get(f"{running.admin_url}/admin/pools").json()
     assert pools["main"]["prefixTreeChars"] > 0
+    # D2LPM's `auto` Q^w in force, in the admin status and in the metrics alike
+    quantum = pools["main"]["workerQuantum"]
+    assert quantum >= AUTO_WORKER_QUANTUM_FLOOR
+    assert metric(running.admin_url, "fairpool_gateway_worker_quantum", pool="main") == quantum
 
 
 def test_each_document_stays_on_one_worker():

@@ -7,7 +7,7 @@ from helpers import drain, request, view
 
 from fairpool.sched import ConfigError, CostModel, Running, TenantWeights, make_policy
 from fairpool.sched.policies import DLPM, FCFS, LPM, MCSF, VTC
-from fairpool.sched.policies.dlpm import refills_to_credit
+from fairpool.sched.policies.dlpm import AUTO_QUANTUM_FLOOR, refills_to_credit
 
 pytestmark = pytest.mark.unit
 
@@ -241,6 +241,23 @@ def test_dlpm_rejoin_while_running_keeps_the_debt():
     policy.admit("a1")
     policy.add(request("a", request_id="a2"))  # a1 still running
     assert policy.deficits["a"] == -800
+
+
+def test_dlpm_auto_quantum_is_the_largest_prompt_admitted_and_an_explicit_one_wins():
+    auto, fixed = DLPM(), DLPM(quantum=100)
+    assert auto.quantum == AUTO_QUANTUM_FLOOR  # nothing admitted yet
+    for policy in (auto, fixed):
+        for index, prompt in enumerate([5000, 9000, 300]):
+            policy.add(request("a", prompt=prompt, request_id=f"a{index}"))
+            policy.next_request(view())
+            policy.admit(f"a{index}", cached_tokens=prompt // 2)  # the whole prompt counts
+    assert auto.quantum == 9000  # grown to the largest, never back down
+    assert fixed.quantum == 100
+    policy = DLPM(cost=CostModel(extend_weight=3.0))
+    policy.add(request("a", prompt=1000, request_id="a1"))
+    policy.next_request(view())
+    policy.admit("a1")
+    assert policy.quantum == 3000  # in service units
 
 
 def test_dlpm_weight_scales_the_quantum():

@@ -126,17 +126,21 @@ def test_vtc_counter_spread_among_waiting_tenants_stays_within_u(events, tenant_
 
 
 @given(
-    st.lists(event, min_size=20, max_size=200), weights, st.sampled_from([1.0, 50.0, 400.0, 5000.0])
+    st.lists(event, min_size=20, max_size=200),
+    weights,
+    st.sampled_from([1.0, 50.0, 400.0, 5000.0, None]),
 )
 def test_dlpm_deficits_stay_within_minus_u_and_the_quantum(events, tenant_weights, quantum):
+    """With `auto` Q (None), prompts cost 100× their tokens, so Q grows past its floor."""
     table = TenantWeights(tenant_weights)
-    policy = make_policy("dlpm", weights=table, quantum=quantum)
+    cost = CostModel(extend_weight=100.0) if quantum is None else CostModel()
+    policy = make_policy("dlpm", weights=table, quantum=quantum, cost=cost)
     harness = Harness(policy)
     u = bound_u(policy.cost)
     for step in events:
         harness.apply(step)
         for tenant, deficit in policy.tenant_state().items():
-            assert -u < deficit <= quantum * table[tenant] + 1e-9
+            assert -u < deficit <= policy.quantum * table[tenant] + 1e-9
 
 
 @given(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fairpool.sched.routers.d2lpm import AUTO_WORKER_QUANTUM_FLOOR
 from fairpool_reproduce import results as reproduce
 
 pytestmark = pytest.mark.unit
@@ -54,9 +55,13 @@ def single():
 def test_dlpm_single_rows_and_bounds(single):
     assert set(single) == set(reproduce.DLPM_WORKLOADS)
     for result in single.values():
-        labels = [(row["policy"], row["quantum"]) for row in result["rows"]]
+        labels = [(row["policy"], row["quantum_set"]) for row in result["rows"]]
         assert labels == [("fcfs", None), ("lpm", None), ("vtc", None), ("dlpm", None),
                           ("dlpm", 32768.0)]  # fmt: skip
+        auto, fixed = result["rows"][3:]
+        assert auto["quantum"] >= reproduce.AUTO_QUANTUM_FLOOR  # the `auto` Q in force
+        assert fixed["quantum"] == 32768.0
+        assert all(row["quantum"] is None for row in result["rows"][:3])
         for row in result["rows"]:
             assert 0 < row["jain"] <= 1
             assert 0 <= row["hit_rate"] <= 1
@@ -71,12 +76,13 @@ def test_dlpm_single_fair_policies_contain_the_misbehaving_client(single):
     # QA overloads within seconds; a few seconds of ToT trees barely load the engine.
     qa = single["dlpm_shared_prefix"]
     lpm = reproduce._row(qa, "lpm", "round_robin")
-    for fair in (
-        reproduce._row(qa, "dlpm", "round_robin"),
-        reproduce._row(qa, "vtc", "round_robin"),
-    ):
-        assert fair["jain"] > lpm["jain"]
-        assert fair["misbehaving_share"] < lpm["misbehaving_share"]
+    dlpm = reproduce._row(qa, "dlpm", "round_robin")
+    vtc = reproduce._row(qa, "vtc", "round_robin")
+    assert dlpm["jain"] > lpm["jain"] and vtc["jain"] > lpm["jain"]
+    assert vtc["misbehaving_share"] < lpm["misbehaving_share"]
+    # DLPM keeps the locality VTC loses on this tight pool, and serves the well-behaved
+    # clients sooner than LPM, which lets c0 crowd them out ([DLPM] Fig. 2a)
+    assert dlpm["latency"]["mean"] < lpm["latency"]["mean"]
 
 
 def test_dlpm_single_lpm_keeps_locality_that_vtc_loses(single):
@@ -91,7 +97,9 @@ def test_multi_worker_rows():
     rows = result["dlpm_shared_prefix"]["rows"]
     names = [reproduce._scheme_name(row) for row in rows]
     assert names[:4] == ["D2LPM", "RR+LPM", "cache_aware+LPM", "VTC+RR"]
-    assert names[4].startswith("D2LPM (Q^w=")
+    assert [name.startswith("D2LPM (Q^w=") for name in names[4:]] == [True, True]
+    assert rows[0]["worker_quantum_set"] is None  # the headline runs the defaults
+    assert rows[0]["worker_quantum"] >= AUTO_WORKER_QUANTUM_FLOOR
     for row in rows:
         assert (row["bound"] is not None) == (row["router"] == "d2lpm")
         assert row["latency"]["count"] > 0
@@ -118,7 +126,7 @@ def test_main_writes_results_and_plots(tmp_path, monkeypatch):
         lambda scale: reproduce._dlpm_suite(
             2,
             [
-                ("dlpm", "d2lpm", None, reproduce.DLPM_WORKER_QUANTUM),
+                ("dlpm", "d2lpm", None, None),
                 ("lpm", "round_robin", None, None),
                 ("lpm", "cache_aware", None, None),
                 ("vtc", "round_robin", None, None),

@@ -10,8 +10,12 @@ Names (all labelled by `tenant`):
 | `fairpool_engine_tenant_scheduler_state` | gauge | VTC's counter, DLPM's deficit |
 | `fairpool_engine_tenant_weight` | gauge | the tenant's weight in the current configuration |
 
-plus `fairpool_engine_config_reloads_total{result="applied"|"rejected"}` and
-`fairpool_engine_scheduler_info{policy}`.
+plus `fairpool_engine_config_reloads_total{result="applied"|"rejected"}`,
+`fairpool_engine_scheduler_info{policy}`, and, for policies that have them,
+`fairpool_engine_scheduler_quantum{policy}` (DLPM's Q in force: `auto` grows with the
+prompts admitted) and `fairpool_engine_scheduler_fairness_bound{policy}` (the bound the
+policy's theorem gives on two backlogged tenants' weighted service gap, with the largest
+prompt admitted, the engine's KV capacity and the quantum in force: VTC 2U, DLPM 2(U + Q)).
 
 Inside vLLM the scheduler lives in the EngineCore process while `/metrics` is served by
 the API server: with `PROMETHEUS_MULTIPROC_DIR` set (the launcher does it), prometheus
@@ -81,15 +85,29 @@ class TenantMetrics:
             ["policy"],
             **gauge,  # type: ignore[arg-type]
         )
+        self.quantum = Gauge(
+            "fairpool_engine_scheduler_quantum",
+            "The deficit policy's quantum in force (DLPM's Q, auto or fixed)",
+            ["policy"],
+            **gauge,  # type: ignore[arg-type]
+        )
+        self.bound = Gauge(
+            "fairpool_engine_scheduler_fairness_bound",
+            "Bound on two backlogged tenants' weighted service gap, for the parameters in force",
+            ["policy"],
+            **gauge,  # type: ignore[arg-type]
+        )
         self._clock = clock
         self._exported_at = float("-inf")
         self._service: dict[str, float] = {}
         self._reloads = {"applied": 0, "rejected": 0}
         self._tenants: set[str] = set()
         self._policy_name: str | None = None
+        self._by_policy: list[Gauge] = []  # metrics set for the policy `_policy_name`
 
-    def export(self, live: LiveScheduler, force: bool = False) -> None:
-        """Bring the metrics up to date with the scheduler (throttled unless `force`)."""
+    def export(self, live: LiveScheduler, memory_tokens: int, force: bool = False) -> None:
+        """Bring the metrics up to date with the scheduler of an engine whose KV cache
+        holds `memory_tokens` (throttled unless `force`)."""
         now = self._clock()
         if not force and now - self._exported_at < EXPORT_INTERVAL:
             return
@@ -114,6 +132,16 @@ class TenantMetrics:
         name = live.config.policy_name
         if name != self._policy_name:
             if self._policy_name is not None:
-                self.info.remove(self._policy_name)
+                for metric in self._by_policy:
+                    metric.remove(self._policy_name)
             self.info.labels(name).set(1)
             self._policy_name = name
+            self._by_policy = [self.info]
+        for metric, value in (
+            (self.quantum, policy.quantum),
+            (self.bound, policy.service_bound(memory_tokens)),
+        ):
+            if value is not None:
+                metric.labels(name).set(value)
+                if metric not in self._by_policy:
+                    self._by_policy.append(metric)

@@ -25,7 +25,6 @@ from fairpool.api.placement import PlacementSpec
 from fairpool.api.scheduler_config import CostWeights, known_policy
 from fairpool.api.status import InferencePoolStatus
 from fairpool.sched.registry import ROUTERS
-from fairpool.sched.routers.d2lpm import DEFAULT_WORKER_QUANTUM
 
 EngineKind = Literal["vllm", "sim"]
 
@@ -115,7 +114,10 @@ class PoolScheduler(Spec):
         default=False, alias="memorySafe", description="Admit only what can never overflow KV."
     )
     quantum: float | None = Field(
-        default=None, gt=0, description="DLPM's quantum Q in service units (dlpm only)."
+        default=None,
+        gt=0,
+        description="DLPM's quantum Q in service units (dlpm only; unset: auto, the largest "
+        "prompt cost admitted, at least 2048).",
     )
     share_memory: bool | None = Field(
         default=None,
@@ -156,11 +158,12 @@ class RoutingSpec(Spec):
     """How the gateway spreads requests over the pool's replicas."""
 
     policy: str = Field(default="d2lpm", description="d2lpm, cache_aware, least_load, ...")
-    worker_quantum: float = Field(
-        default=DEFAULT_WORKER_QUANTUM,
+    worker_quantum: float | None = Field(
+        default=None,
         gt=0,
         alias="workerQuantum",
-        description="D2LPM's per-worker quantum Q^w in service units.",
+        description="D2LPM's per-worker quantum Q^w in service units (unset: auto, eight "
+        "times the largest prompt cost routed, at least 8192).",
     )
     min_match_chars: int = Field(
         default=64,

@@ -4,7 +4,7 @@ both engines (the vLLM plugin and `fairpool engine-sim`) read.
 ```yaml
 policy: dlpm            # any name `fairpool policies` lists, e.g. vtc, fcfs, lpm, dlpm+memsafe
 memorySafe: false       # add memory-safe admission (seed 002) to the policy's order
-quantum: 2048           # DLPM's Q, in service units (dlpm only)
+quantum: 2048           # DLPM's Q, in service units (dlpm only; unset: auto)
 shareMemory: true       # share KV memory by weight under pressure (unset: on for vtc, dlpm)
 cost: {extendWeight: 1, outputWeight: 2}
 defaultWeight: 1        # tenants not listed below

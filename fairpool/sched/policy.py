@@ -80,6 +80,8 @@ class LocalPolicy(ABC):
         self._ahead: dict[str, int] = {}  # running request → output charged, not produced
         self._produced: dict[str, int] = defaultdict(int)  # request → output (predicting)
         self.served: dict[str, float] = defaultdict(float)
+        #: The largest prompt admitted so far, in service (w_e·L_input): the bounds' U.
+        self.largest_prompt = 0.0
         self._queues: dict[str, deque[Waiting]] = {}  # tenants with a waiting request
         self._waiting: dict[str, Waiting] = {}
         self._running: dict[str, Request] = {}
@@ -138,6 +140,7 @@ class LocalPolicy(ABC):
         self._running_per_tenant[request.tenant] += 1
         if entry.charged:
             return 0.0
+        self.largest_prompt = max(self.largest_prompt, self.cost.prefill(request.prompt_tokens, 0))
         service = self._charge(
             request.tenant, self.cost.prefill(request.prompt_tokens, cached_tokens)
         )
@@ -286,6 +289,26 @@ class LocalPolicy(ABC):
     def tenant_state(self) -> dict[str, float]:
         """The per-tenant quantity the policy schedules by (counter, deficit); {} if none."""
         return {}
+
+    @property
+    def quantum(self) -> float | None:
+        """The quantum in force, for deficit policies (DLPM's Q); None for the others."""
+        return None
+
+    def service_bound(self, memory_tokens: int) -> float | None:
+        """The bound the policy's theorem gives on the gap between two backlogged tenants'
+        weighted service (service / weight) on an engine holding `memory_tokens` of KV,
+        with the largest prompt admitted so far and the policy's parameters in force; None
+        for policies without one."""
+        return None
+
+    def _largest_request(self, memory_tokens: int) -> float:
+        """The bounds' U = w_e·L_input + w_q·M (M: the tokens the KV cache holds, the
+        most one request can decode), divided by the smallest weight of a tenant served or
+        active, as weighted service is compared."""
+        tenants = self.active_tenants().union(self.served)
+        lightest = min((self.weights[tenant] for tenant in tenants), default=1.0)
+        return (self.largest_prompt + self.cost.decode(memory_tokens)) / lightest
 
     def waiting(self) -> Iterator[Waiting]:
         return iter(self._waiting.values())

@@ -223,6 +223,42 @@ class Fleet:
     def router(self) -> Any:
         return self.front.router
 
+    def fairness_bound(self) -> float | None:
+        """The bound a theorem gives on the gap between two backlogged tenants' weighted
+        service (`max_backlogged_service_gap`), with the parameters in force (an `auto`
+        quantum as it grew) and U from the largest prompt admitted:
+
+        - one worker: its policy's (VTC Theorem 4.4: 2U; DLPM Theorem 4.1: 2(U + Q));
+        - DLPM engines behind D2LPM: 2·|W|·(U + Q) (DLPM Theorem 5.1), from the engine
+          with the largest U + Q.
+
+        Other combinations have no theorem: None.
+        """
+        found = [engine.policy.service_bound(engine.memory_tokens) for engine in self.engines]
+        bounds = [bound for bound in found if bound is not None]
+        if not bounds or len(bounds) < len(found):
+            return None
+        if len(bounds) == 1:
+            return bounds[0]
+        if self.config.router == "d2lpm" and self.config.policy.split("+")[0] == "dlpm":
+            return len(bounds) * max(bounds)
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """The recorder's summary (`fairpool sim --json`) with the bound and the quanta
+        in force."""
+        return {**self.recorder.summary(fairness_bound=self.fairness_bound()), **self.quanta()}
+
+    def quanta(self) -> dict[str, float | None]:
+        """The quanta in force: DLPM's Q (the largest over the engines) and D2LPM's Q^w;
+        None where the policy or router has none."""
+        engine_quanta = [engine.policy.quantum for engine in self.engines]
+        known = [value for value in engine_quanta if value is not None]
+        return {
+            "quantum": max(known) if known else None,
+            "worker_quantum": self.router.worker_quantum,
+        }
+
     def _clock(self) -> float:
         return self.now
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.cost import TenantWeights
 from fairpool.sched.requests import Request
 from fairpool.sim.engine import Completion
 
@@ -223,44 +223,6 @@ class Recorder:
             "max_backlogged_service_gap": round(self.max_backlogged_service_gap(), 3),
             "tenants": tenants,
         }
-
-
-def fairness_bound(
-    policy: str,
-    router: str,
-    workers: int,
-    max_prompt: int,
-    memory_tokens: int,
-    cost: CostModel,
-    weights: list[float],
-    quantum: float | None,
-) -> float | None:
-    """The bound the policy's theorem gives on max_backlogged_service_gap, or None.
-
-    U = w_e·L_input + w_q·M (the DLPM paper's form; VTC's U is no larger). With weights,
-    service is compared as W/w, so U scales by 1/w_min.
-
-    - one worker, VTC: 2U (VTC Theorem 4.4);
-    - one worker, DLPM: 2(U + Q) (DLPM Theorem 4.1);
-    - DLPM engines behind D2LPM: 2·|W|·(U + Q) (DLPM Theorem 5.1).
-    Other combinations have no theorem.
-    """
-    base = policy.split("+")[0]
-    u = (cost.extend_weight * max_prompt + cost.output_weight * memory_tokens) / min(
-        weights, default=1.0
-    )
-    if base == "dlpm":
-        from fairpool.sched.policies.dlpm import DEFAULT_QUANTUM
-
-        q = quantum if quantum is not None else DEFAULT_QUANTUM
-        if workers == 1:
-            return round(2 * (u + q), 3)
-        if router == "d2lpm":
-            return round(2 * workers * (u + q), 3)
-        return None
-    if base == "vtc" and workers == 1:
-        return round(2 * u, 3)
-    return None
 
 
 def _intersect(

@@ -20,7 +20,6 @@ from fairpool.front import tokens_for_chars
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sim.fleet import ClosedLoop, Fleet, FleetConfig
-from fairpool.sim.metrics import fairness_bound
 from fairpool.sim.profiles import get_profile
 from fairpool.sim.trace import TraceRequest, read_trace, write_trace
 
@@ -86,22 +85,8 @@ def simulate(
     """Run the fleet; returns it and the summary in the `--json` format."""
     config = fleet_config(options)
     fleet = Fleet(config, seed=options.seed)
-    recorder = fleet.run(
-        requests, duration=options.duration, progress=progress, clients=options.clients
-    )
-    first = [client.request(0.0) for client in options.clients]
-    tenants = sorted({request.tenant for request in [*requests, *first]})
-    bound = fairness_bound(
-        config.policy,
-        config.router,
-        config.workers,
-        max((request.prompt_tokens for request in [*requests, *first]), default=0),
-        config.memory_tokens,
-        config.cost,
-        [config.weights[tenant] for tenant in tenants],
-        config.quantum,
-    )
-    return fleet, recorder.summary(fairness_bound=bound)
+    fleet.run(requests, duration=options.duration, progress=progress, clients=options.clients)
+    return fleet, fleet.summary()
 
 
 def fleet_config(options: SimulationOptions) -> FleetConfig:
@@ -235,6 +220,11 @@ def summary_table(
         f"{summary['cache_hit_rate']:.0%} · Jain {summary['jain_index']:.3f} · "
         f"backlogged gap {summary['max_backlogged_service_gap']:,.0f}"
         + (f" (bound {bound:,.0f})" if bound is not None else " (no bound)")
+        + "".join(
+            f" · {label} {summary[key]:,.0f}"
+            for key, label in (("quantum", "Q"), ("worker_quantum", "Q^w"))
+            if summary.get(key) is not None
+        )
     )
     table.caption_justify = "left"
     return table

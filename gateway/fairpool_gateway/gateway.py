@@ -32,7 +32,7 @@ class Gateway:
         self.tenants = TenantTable(config)
         self.limiter = TenantLimiter()  # one for all pools: a tenant's limits span them
         self.metrics = GatewayMetrics()
-        self.metrics.add_state(self._deficits, self._queues, self._workers)
+        self.metrics.add_state(self._deficits, self._queues, self._workers, self._quanta)
         self.ledger = RequestLedger(self.metrics)
         #: What every pool's front tells (one list, shared by all pools): the metrics and
         #: log first; more may be added while the gateway runs.
@@ -157,6 +157,12 @@ class Gateway:
                     int(state.get("in_flight", 0)),
                     float(state.get("counter", 0.0)),
                 )
+
+    def _quanta(self) -> Iterator[tuple[str, float]]:
+        for name, pool in self.pools.items():
+            quantum = pool.front.router.worker_quantum
+            if quantum is not None:
+                yield name, quantum
 
     def _workers(self) -> Iterator[tuple[str, str, bool, int]]:
         for name, pool in self.pools.items():

@@ -30,6 +30,8 @@ DeficitSource = Callable[[], Iterator[tuple[str, str, str, float]]]
 QueueSource = Callable[[], Iterator[tuple[str, str, int, int, float]]]
 #: (pool, worker) → (healthy, outstanding), for the worker gauges.
 WorkerSource = Callable[[], Iterator[tuple[str, str, bool, int]]]
+#: pool → its router's per-worker quantum in force (D2LPM's Q^w), for pools that have one.
+QuantumSource = Callable[[], Iterator[tuple[str, float]]]
 
 
 class GatewayMetrics:
@@ -101,16 +103,27 @@ class GatewayMetrics:
         )
 
     def add_state(
-        self, deficits: DeficitSource, queues: QueueSource, workers: WorkerSource
+        self,
+        deficits: DeficitSource,
+        queues: QueueSource,
+        workers: WorkerSource,
+        quanta: QuantumSource,
     ) -> None:
-        self.registry.register(_StateCollector(deficits, queues, workers))
+        self.registry.register(_StateCollector(deficits, queues, workers, quanta))
 
 
 class _StateCollector(Collector):
     """Gauges read from the gateway's state at scrape time."""
 
-    def __init__(self, deficits: DeficitSource, queues: QueueSource, workers: WorkerSource) -> None:
+    def __init__(
+        self,
+        deficits: DeficitSource,
+        queues: QueueSource,
+        workers: WorkerSource,
+        quanta: QuantumSource,
+    ) -> None:
         self._deficits, self._queues, self._workers = deficits, queues, workers
+        self._quanta = quanta
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         deficit = GaugeMetricFamily(
@@ -146,7 +159,14 @@ class _StateCollector(Collector):
         for pool, worker, up, count in self._workers():
             healthy.add_metric((pool, worker), 1.0 if up else 0.0)
             outstanding.add_metric((pool, worker), count)
-        yield from (deficit, queued, in_flight, counter, healthy, outstanding)
+        quantum = GaugeMetricFamily(
+            "fairpool_gateway_worker_quantum",
+            "D2LPM's per-worker quantum Q^w in force (auto or fixed), in service units.",
+            labels=("pool",),
+        )
+        for pool, value in self._quanta():
+            quantum.add_metric((pool,), value)
+        yield from (deficit, queued, in_flight, counter, healthy, outstanding, quantum)
 
 
 class RequestLedger(FrontListener):

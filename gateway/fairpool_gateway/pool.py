@@ -117,6 +117,7 @@ class Pool:
         return {
             "model": self.spec.model,
             "router": router.name,
+            "workerQuantum": router.worker_quantum,  # D2LPM's Q^w in force; None without
             "workers": workers,
             "prefixTreeChars": router.cache_size(),
             "queued": self.front.queue.queued(),

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from fairpool.sched.cost import TenantWeights
-from fairpool.sched.policies.dlpm import DEFAULT_QUANTUM as DLPM_DEFAULT_QUANTUM
+from fairpool.sched.policies.dlpm import AUTO_QUANTUM_FLOOR
+from fairpool.sched.routers.d2lpm import AUTO_WORKER_QUANTUM_REQUESTS
 from fairpool.sim.fleet import Fleet, FleetConfig
-from fairpool.sim.metrics import Recorder, fairness_bound, jain_index, percentile
+from fairpool.sim.metrics import Recorder, jain_index, percentile
 from fairpool.sim.plots import pyplot, save
 from fairpool.sim.profiles import get_profile
 from fairpool.sim.trace import TraceRequest
@@ -128,18 +129,7 @@ def run_fleet(
     started = time.monotonic()
     fleet = Fleet(config, seed=seed)
     recorder = fleet.run(trace, duration=None if drain else duration)
-    tenants = sorted({request.tenant for request in trace})
-    bound = fairness_bound(
-        policy,
-        router,
-        workers,
-        max((request.prompt_tokens for request in trace), default=0),
-        config.memory_tokens,
-        config.cost,
-        [tenant_weights[tenant] for tenant in tenants],
-        quantum,
-    )
-    summary = recorder.summary(fairness_bound=bound)
+    summary = fleet.summary()
     wall = time.monotonic() - started
     label = f"{policy}+{router}" if workers > 1 else policy
     _log(
@@ -440,14 +430,13 @@ DLPM_WORKLOADS: dict[str, tuple[float, float]] = {
 #: KV pools of the single-engine runs: DLPM_SINGLE_MEMORY, and a tighter one holding
 #: fewer than three QA documents, where the clients' prefixes evict each other.
 DLPM_SINGLE_MEMORIES = (DLPM_SINGLE_MEMORY, 60_000)
-#: DLPM's client quantum Q^u: our default (None), then larger ones, as Fig. 1 sweeps Q^u
-#: (its values are not printed).
+#: DLPM's client quantum Q^u: our default (None: `auto`), then fixed ones, as Fig. 1
+#: sweeps Q^u (its values are not printed).
 DLPM_QUANTA: tuple[float | None, ...] = (None, 8192.0, 32768.0, 131072.0)
-#: D2LPM's worker quantum Q^w for the multi-worker runs. The paper gives none outside
-#: Fig. 10 (2,000-40,000 on ToT). D2LPM charges a request's whole prompt at dispatch, so
-#: with a Q^w below one 21,450-token QA prompt every request moves to another worker;
-#: 200,000 keeps about one document's 8 questions on one worker.
-DLPM_WORKER_QUANTUM = 200_000.0
+#: Fixed worker quanta Q^w the multi-worker runs repeat D2LPM with, after its default
+#: (`auto`): the library's fixed default before `auto`, and the value earlier reports
+#: tuned by hand. The paper gives none outside Fig. 10 (2,000-40,000 on ToT).
+DLPM_FIXED_WORKER_QUANTA = (8192.0, 200_000.0)
 
 Scheme = tuple[str, str, float | None, float | None]  # policy, router, Q^u, Q^w
 
@@ -460,8 +449,10 @@ def dlpm_metrics(run: Run) -> dict[str, Any]:
         "policy": run.config.policy,
         "router": run.config.router,
         "memory_tokens": run.config.memory_tokens,
-        "quantum": run.config.quantum,
-        "worker_quantum": run.config.worker_quantum,
+        "quantum": run.summary["quantum"],  # in force (an `auto` one as it grew)
+        "worker_quantum": run.summary["worker_quantum"],
+        "quantum_set": run.config.quantum,  # None: `auto`
+        "worker_quantum_set": run.config.worker_quantum,
         "throughput": run.summary["throughput_tokens_per_s"],
         "makespan": run.summary["duration_s"],
         "hit_rate": run.summary["cache_hit_rate"],
@@ -531,15 +522,13 @@ def multi_worker(
 ) -> dict[str, Any]:
     """[DLPM] Fig. 7: D2LPM (DLPM + D2LPM) against RR+LPM, cache-aware routing + LPM (the
     SGLang router's rule, our stand-in for Preble) and VTC + round robin, on `workers`
-    engines, plus D2LPM with our default Q^w to show how much Q^w matters."""
-    from fairpool.sched.routers.d2lpm import DEFAULT_WORKER_QUANTUM
-
+    engines, plus D2LPM with fixed Q^w values to show how much Q^w matters."""
     schemes: list[Scheme] = [
-        ("dlpm", "d2lpm", None, DLPM_WORKER_QUANTUM),
+        ("dlpm", "d2lpm", None, None),
         ("lpm", "round_robin", None, None),
         ("lpm", "cache_aware", None, None),
         ("vtc", "round_robin", None, None),
-        ("dlpm", "d2lpm", None, DEFAULT_WORKER_QUANTUM),
+        *[("dlpm", "d2lpm", None, fixed) for fixed in DLPM_FIXED_WORKER_QUANTA],
     ]
     return _dlpm_suite(workers, schemes, scale, (DLPM_SINGLE_MEMORY,), workloads)
 
@@ -637,7 +626,7 @@ _COLORS = {"fcfs": "tab:grey", "lpm": "tab:orange", "vtc": "tab:green", "dlpm": 
 def _color(row: Mapping[str, Any]) -> str:
     if row["router"] == "cache_aware":
         return "tab:purple"
-    if row["router"] == "d2lpm" and row["worker_quantum"] != DLPM_WORKER_QUANTUM:
+    if row["router"] == "d2lpm" and row["worker_quantum_set"] is not None:
         return "tab:cyan"
     return _COLORS.get(row["policy"], "black")
 
@@ -717,12 +706,13 @@ def _scheme_name(row: Mapping[str, Any], short: bool = False) -> str:
     }
     if row["workers"] == 1:
         name = str(row["policy"]).upper()
-        if row["quantum"] is not None:
-            name += f" Q^u={row['quantum'] / 1024:g}k" if short else f" Q^u={row['quantum']:,.0f}"
+        if row["quantum_set"] is not None:
+            quantum = row["quantum_set"]
+            name += f" Q^u={quantum / 1024:g}k" if short else f" Q^u={quantum:,.0f}"
         return name
     name = names.get((row["policy"], row["router"]), str(row["label"]))
-    if row["router"] == "d2lpm" and row["worker_quantum"] != DLPM_WORKER_QUANTUM:
-        name += f" (Q^w={row['worker_quantum']:,.0f})"
+    if row["router"] == "d2lpm" and row["worker_quantum_set"] is not None:
+        name += f" (Q^w={row['worker_quantum_set']:,.0f})"
     return name
 
 
@@ -953,11 +943,11 @@ def _row(
 ) -> dict[str, Any]:
     """The run of `policy` × `router` with the experiment's own quanta."""
     for row in result["rows"]:
-        if (row["policy"], row["router"]) != (policy, router) or row["quantum"] is not None:
+        if (row["policy"], row["router"]) != (policy, router) or row["quantum_set"] is not None:
             continue
         if memory is not None and row["memory_tokens"] != memory:
             continue
-        if router == "d2lpm" and row["worker_quantum"] != DLPM_WORKER_QUANTUM:
+        if router == "d2lpm" and row["worker_quantum_set"] is not None:
             continue
         return dict(row)
     raise KeyError(f"{policy}+{router}")
@@ -979,13 +969,21 @@ def _dlpm_setup(workers: int, memories: Sequence[int]) -> str:
         "gets on the 24 GB A10G of the paper's single-GPU runs); "
         f"{workloads}; four clients, c0 misbehaving as in Table 3's S1 (4× the QA request "
         "rate; 4-branch trees of 340 requests against 2-branch trees of 30). DLPM's Q^u is "
-        f"our default ({DLPM_DEFAULT_QUANTUM:,.0f}) unless the row says otherwise. Runs "
+        f"our default, `auto` (the largest prompt cost admitted, at least "
+        f"{AUTO_QUANTUM_FLOOR:,.0f}), unless the row says otherwise. Runs "
         "drain: throughput is all input + output tokens over the makespan. Jain's index is "
         "over the clients' service while every client has work in the system (DLPM §6.1). "
         "Well-behaved latency is TTFT for QA and whole-tree completion time for ToT, as in "
         "the paper. 'gap / bound' is the largest service difference between two backlogged "
         "clients against the theorem's bound (— where no theorem applies; ✗ where exceeded)."
     )
+
+
+def _quantum_label(row: Mapping[str, Any]) -> str:
+    """A DLPM row's Q^u: the value set, or `auto` with the value it grew to."""
+    if row["quantum_set"] is None:
+        return f"auto ({row['quantum']:,.0f})"
+    return f"{row['quantum_set']:,.0f}"
 
 
 def _sweep(values: Sequence[float | None], form: Callable[[float], str]) -> str:
@@ -1016,7 +1014,7 @@ def _section_dlpm_single(data: dict[str, Any]) -> list[str]:
                 for row in result["rows"]
                 if row["policy"] == "dlpm" and row["memory_tokens"] == memory
             ]
-            quanta = " → ".join(f"{row['quantum'] or DLPM_DEFAULT_QUANTUM:,.0f}" for row in sweep)
+            quanta = " → ".join(_quantum_label(row) for row in sweep)
             where = f"{workload}, {memory:,} tokens"
             comparisons += [
                 [
@@ -1079,13 +1077,9 @@ def _single_notes(data: dict[str, Any], memories: Sequence[int]) -> list[str]:
             f"Locality only pays when prefixes compete for the cache. With {large:,} tokens "
             "the four clients' current 21,400-token documents nearly fit, and VTC's "
             f"interleaving costs little (LPM / VTC throughput {_times(gain_large)}); with "
-            f"{small:,} tokens they evict each other and LPM / VTC is {_times(gain_small)}. There "
-            "DLPM's Q^u decides where it sits: a Q^u well below one document's cost (our "
-            f"default {DLPM_DEFAULT_QUANTUM:,.0f} against ~21,450) hands the engine to "
-            "another client before the next question can reuse the document, so DLPM "
-            "behaves like VTC; a larger Q^u recovers most of LPM's throughput at some cost in "
-            "fairness, which is Fig. 1's frontier."
+            f"{small:,} tokens they evict each other and LPM / VTC is {_times(gain_small)}."
         )
+        notes.append(_quantum_note(qa, small))
         sweep = [
             row for row in qa["rows"] if row["policy"] == "dlpm" and row["memory_tokens"] == small
         ]
@@ -1097,9 +1091,8 @@ def _single_notes(data: dict[str, Any], memories: Sequence[int]) -> list[str]:
             f"{_num(vtc_small['latency']['mean'], 1)} s under VTC and "
             f"{_num(default['latency']['mean'], 1)} s under DLPM at the default Q^u, against "
             f"{_num(lpm_small['latency']['mean'], 1)} s under LPM, because every client "
-            "waits behind recomputed documents; DLPM at Q^u = "
-            f"{best['quantum'] or DLPM_DEFAULT_QUANTUM:,.0f} brings it to "
-            f"{_num(best['latency']['mean'], 1)} s."
+            f"waits behind recomputed documents; DLPM at Q^u = {_quantum_label(best)} brings "
+            f"it to {_num(best['latency']['mean'], 1)} s."
         )
     tot = data.get("dlpm_tree_of_thoughts")
     if tot is not None:
@@ -1112,15 +1105,39 @@ def _single_notes(data: dict[str, Any], memories: Sequence[int]) -> list[str]:
     return notes
 
 
+def _quantum_note(qa: dict[str, Any], memory: int) -> str:
+    """Where DLPM's Q^u puts it between VTC and LPM on the KV pool `memory`."""
+    lpm = _row(qa, "lpm", "round_robin", memory)
+    sweep = [
+        row for row in qa["rows"] if row["policy"] == "dlpm" and row["memory_tokens"] == memory
+    ]
+    auto = next(row for row in sweep if row["quantum_set"] is None)
+    largest = max(sweep, key=lambda row: row["quantum"])
+    text = (
+        f"There DLPM's Q^u decides where it sits. The default, Q^u = {_quantum_label(auto)}, "
+        f"gets {_times(_ratio(auto['throughput'], lpm['throughput']))} of LPM's throughput "
+        f"at Jain {auto['jain']:.3f}"
+    )
+    if largest is not auto:
+        text += (
+            f"; Q^u = {_quantum_label(largest)} gets "
+            f"{_times(_ratio(largest['throughput'], lpm['throughput']))} at Jain "
+            f"{largest['jain']:.3f}"
+        )
+    return text + " (LPM's Jain: " + f"{lpm['jain']:.3f}); the trade is Fig. 1's frontier."
+
+
 def _section_multi_worker(data: dict[str, Any]) -> list[str]:
     lines = [
         "## 5. Four workers: D2LPM against RR+LPM, cache-aware routing and VTC (DLPM Fig. 7)",
         "",
         _dlpm_setup(4, (DLPM_SINGLE_MEMORY,))
-        + f" D2LPM's worker quantum Q^w = {DLPM_WORKER_QUANTUM:,.0f} (the paper gives none "
-        "outside Fig. 10; D2LPM charges the whole prompt at dispatch, so a Q^w below one "
-        "21,450-token QA prompt moves every request to another worker); the last row of each "
-        "table repeats D2LPM with our library default Q^w. `cache_aware` is the SGLang "
+        + " D2LPM runs our defaults: `auto` Q^u and `auto` Q^w (eight times the largest "
+        "prompt cost routed; the paper gives no Q^w outside Fig. 10); the last rows of each "
+        "table repeat D2LPM with fixed values of Q^w: "
+        + ", ".join(f"{fixed:,.0f}" for fixed in DLPM_FIXED_WORKER_QUANTA)
+        + " (the fixed default before `auto`, and the value earlier reports tuned by hand). "
+        "`cache_aware` is the SGLang "
         "router's prefix-threshold rule, our stand-in for Preble (no fairness, prefix "
         "threshold plus load balance). `round_robin` is one global rotation, not the paper's "
         "per-client round robin for VTC.",
@@ -1149,7 +1166,7 @@ def _section_multi_worker(data: dict[str, Any]) -> list[str]:
             + ", ".join(
                 f"{_scheme_name(row)} {row['jain']:.3f}"
                 for row in result["rows"]
-                if row["router"] != "d2lpm" or row["worker_quantum"] == DLPM_WORKER_QUANTUM
+                if row["router"] != "d2lpm" or row["worker_quantum_set"] is None
             )
         )
 
@@ -1221,13 +1238,21 @@ def _multi_worker_notes(data: dict[str, Any]) -> list[str]:
                 "clients' latency. The paper saw D2LPM lose to Preble only on S2 QA at D = 8."
             )
         for low in qa["rows"]:
-            if low["router"] == "d2lpm" and low["worker_quantum"] != DLPM_WORKER_QUANTUM:
+            if low["router"] == "d2lpm" and low["worker_quantum_set"] is not None:
                 notes.append(
-                    f"With Q^w = {low['worker_quantum']:,.0f}, QA's cache hit rate falls to "
-                    f"{low['hit_rate']:.0%} (from {d2lpm['hit_rate']:.0%}) and the "
-                    f"well-behaved TTFT rises to {_num(low['latency']['mean'], 1)} s: Q^w must "
-                    "exceed the prompt cost of the requests that share a prefix, or D2LPM "
-                    "degenerates into spreading every request."
+                    f"With Q^w = {low['worker_quantum']:,.0f}, QA's cache hit rate is "
+                    f"{low['hit_rate']:.0%} and the well-behaved TTFT "
+                    f"{_num(low['latency']['mean'], 1)} s, against {d2lpm['hit_rate']:.0%} and "
+                    f"{_num(d2lpm['latency']['mean'], 1)} s at the default, auto Q^w (which grew "
+                    f"to {d2lpm['worker_quantum']:,.0f})"
+                    + (
+                        ": below about one QA prompt's cost, D2LPM moves nearly every request "
+                        "off the worker that caches its document."
+                        if low["worker_quantum"]
+                        < d2lpm["worker_quantum"] / AUTO_WORKER_QUANTUM_REQUESTS
+                        and low["hit_rate"] < d2lpm["hit_rate"]
+                        else "."
+                    )
                 )
     if tot is not None:
         d2lpm, vtc = _row(tot, "dlpm", "d2lpm"), _row(tot, "vtc", "round_robin")

@@ -125,7 +125,7 @@ class EngineMetrics:
             if total > self._seen[name]:
                 metric.inc(total - self._seen[name])
                 self._seen[name] = total
-        self.tenants.export(live, force=force)
+        self.tenants.export(live, engine.memory_tokens, force=force)
 
     def first_token(self, prompt_tokens: int, time_to_first_token: float) -> None:
         self.prompt_tokens.inc(prompt_tokens)

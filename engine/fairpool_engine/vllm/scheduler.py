@@ -254,7 +254,7 @@ class FairSchedulingMixin:
         self._trace = _open_trace()
         super().__init__(*args, **kwargs)
         self.waiting = PolicyRequestQueue(self)
-        self.metrics.export(self.live, force=True)
+        self.metrics.export(self.live, self.view.memory_tokens, force=True)
         log.info(
             "fairpool scheduler active: %s over %s, policy=%s, block_size=%d, vLLM %s",
             type(self).__name__,
@@ -300,7 +300,7 @@ class FairSchedulingMixin:
                     policy.record_output(output.request_id, len(output.new_token_ids))
         for request_id in finishing:
             self._forget(request_id)
-        self.metrics.export(self.live, force=not self.policy_requests)
+        self.metrics.export(self.live, self.view.memory_tokens, force=not self.policy_requests)
         return outputs
 
     def _get_local_prefix_cache_hit(self, request: Request, *args: Any, **kwargs: Any) -> Any:
@@ -354,7 +354,7 @@ class FairSchedulingMixin:
             self.view.forget(request_id)
             self._record("finish", request_id)
             if not self.policy_requests:
-                self.metrics.export(self.live, force=True)
+                self.metrics.export(self.live, self.view.memory_tokens, force=True)
 
     def _check_charged_hits(self, output: Any) -> None:
         """Charge the difference where vLLM's hit differs from the one charged (a KV

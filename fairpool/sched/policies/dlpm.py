@@ -34,6 +34,12 @@ Choices the paper leaves open (reference digest §B.4), made here:
    most the rounds it needs to turn positive — exactly what repeated CheckRefill calls do.
 4. Weights (an extension; neither paper weights DLPM): tenant i's quantum is Q·w_i, the
    standard weighted DRR, so a weight-2 tenant earns twice the service per round.
+5. The quantum (the paper tunes Q^u by hand, Fig. 1): `auto` by default, the largest
+   prompt cost w_e·L_input admitted so far, never below 2,048 (`fairpool.sched.quantum`).
+   A tenant whose requests share a cached prefix then keeps the engine for at least one
+   more request after paying for a whole prompt, instead of handing it to another tenant
+   whose prefix evicts its own; the bound, 2(U + Q) with Q ≤ U, is at most 4U. An
+   explicit quantum wins.
 """
 
 from __future__ import annotations
@@ -42,11 +48,12 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from fairpool.sched.errors import require_positive
 from fairpool.sched.policy import LocalPolicy, Waiting
+from fairpool.sched.quantum import Quantum
 from fairpool.sched.requests import EngineView
 
-DEFAULT_QUANTUM = 2048.0
+#: The smallest `auto` quantum, and the quantum before any request was admitted.
+AUTO_QUANTUM_FLOOR = 2048.0
 
 
 def refills_to_credit(deficit: float, quantum: float) -> int:
@@ -65,14 +72,24 @@ class DLPM(LocalPolicy):
     name = "dlpm"
     shares_memory = True
 
-    def __init__(self, quantum: float = DEFAULT_QUANTUM, **options: Any) -> None:
+    def __init__(self, quantum: float | None = None, **options: Any) -> None:
+        """`quantum`: Q in service units; None for `auto` (choice 5)."""
         super().__init__(**options)
-        self.quantum = require_positive("quantum", quantum)
+        self.quantum_rule = Quantum(quantum, floor=AUTO_QUANTUM_FLOOR)
         self.deficits: dict[str, float] = defaultdict(float)
         self.refill_rounds = 0
 
+    @property
+    def quantum(self) -> float:
+        """Q in force."""
+        return self.quantum_rule.value(self.largest_prompt)
+
     def tenant_quantum(self, tenant: str) -> float:
         return self.quantum * self.weights[tenant]
+
+    def service_bound(self, memory_tokens: int) -> float:
+        """Theorem 4.1: 2(U + Q), with the quantum in force."""
+        return 2 * (self._largest_request(memory_tokens) + self.quantum)
 
     def _on_charge(self, tenant: str, service: float) -> None:
         self.deficits[tenant] -= service

@@ -55,3 +55,8 @@ class VTC(LocalPolicy):
 
     def tenant_state(self) -> dict[str, float]:
         return dict(self.counters)
+
+    def service_bound(self, memory_tokens: int) -> float:
+        """Theorem 4.4: 2U (this U, w_e·L_input + w_q·M, is no smaller than the paper's
+        max of the two terms)."""
+        return 2 * self._largest_request(memory_tokens)

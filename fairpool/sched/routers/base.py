@@ -208,6 +208,12 @@ class Router(ABC):
         """Elements of keys the router's prefix tree holds; None without a tree."""
         return None
 
+    @property
+    def worker_quantum(self) -> float | None:
+        """The per-worker quantum in force, for routers with per-worker deficits (D2LPM's
+        Q^w); None for the others."""
+        return None
+
     def has_room(self) -> bool:
         """Some worker may take another request."""
         return bool(self.workers) and any(self.room(worker) != 0 for worker in self.workers)

@@ -10,7 +10,7 @@ admin: {host: 127.0.0.1, port: 8081}        # or a non-loopback host with a toke
 pools:
   - name: chat
     model: llama-3-8b                       # served model name clients ask for
-    routing: {policy: d2lpm, workerQuantum: 8192}
+    routing: {policy: d2lpm}                # workerQuantum: auto
     workers: {urls: [http://10.0.0.5:8000, http://10.0.0.6:8000]}
 tenants:
   - tenant: acme

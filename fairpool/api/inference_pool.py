@@ -9,8 +9,8 @@ spec:
   model: {name: llama-3-8b, source: {path: /models/llama-3-8b}, maxModelLen: 8192}
   engine: {kind: vllm, resources: {gpus: 1}}     # or kind: sim (fairpool engine-sim)
   replicas: 2
-  scheduler: {policy: dlpm, quantum: 2048}        # inside each engine
-  routing: {policy: d2lpm, workerQuantum: 8192}   # across the replicas, at the gateway
+  scheduler: {policy: dlpm}                       # inside each engine (quantum: auto)
+  routing: {policy: d2lpm}                        # across the replicas, at the gateway
 ```
 """
 

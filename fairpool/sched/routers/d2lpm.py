@@ -22,9 +22,9 @@ Q^w is `auto` by default (`fairpool.sched.quantum`): eight times the largest pro
 w_e·L_input dispatched so far, never below 8,192. Dispatch charges the whole prompt and
 only completion refunds the cached part, so a tenant's credit on a worker must cover the
 requests it has in flight there, or it is moved off the worker that caches its prefix
-while its own earlier requests are still running; eight requests' worth is where the
-long-context QA reproduction's locality levels off (cache hits 45 % at 2 prompts, 61 % at
-4, 74 % at 8, against 72 % at the paper-range Q^w = 200,000). An explicit Q^w wins.
+while its own earlier requests are still running. Eight requests' worth matches the
+value tuned by hand on the long-context QA reproduction (`make reproduce`, docs/results.md
+§5). An explicit Q^w wins.
 
 Choices the paper leaves open (reference digest §B.7), made here:
 

@@ -273,6 +273,45 @@ class ClientLimits(Spec):
     )
 
 
+class SharedStateSpec(Spec):
+    """Where the gateway's replicas share tenant state (`docs/gateway.md`, "Several
+    replicas"): a Redis or Valkey server."""
+
+    url: str = Field(
+        min_length=1,
+        pattern=r"^(redis|rediss|unix)://",
+        description="redis://host:port/db (rediss:// for TLS, unix:// for a socket).",
+    )
+    password_file: str | None = Field(
+        default=None,
+        alias="passwordFile",
+        description="A file holding the server's password (a mounted Secret).",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Gateway replicas sharing the state: while the server is unreachable, each "
+        "enforces its tenants' limits divided by this.",
+    )
+    lease_seconds: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        alias="leaseSeconds",
+        description="How long a request's concurrency slot outlives a replica that stopped "
+        "renewing it (one killed mid-stream).",
+    )
+    timeout_seconds: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        alias="timeoutSeconds",
+        description="Longest wait for the server before a request is admitted by the local "
+        "fallback instead.",
+    )
+
+
 class GatewayConfig(Spec):
     listen: Address = Field(default_factory=Address, description="The tenant API.")
     admin: AdminAddress = Field(
@@ -303,6 +342,11 @@ class GatewayConfig(Spec):
         alias="maxTreeBytes",
         description="Memory each pool's routing prefix tree may hold, estimated from what "
         "its text and its nodes cost (about a byte a character and 600 bytes a node).",
+    )
+    shared_state: SharedStateSpec | None = Field(
+        default=None,
+        alias="sharedState",
+        description="Tenant state shared by the gateway's replicas (unset: this gateway's own).",
     )
     pools: list[GatewayPool] = Field(default_factory=list, description="Pools served.")
     tenants: list[GatewayTenant] = Field(default_factory=list, description="Tenant table.")

@@ -19,7 +19,7 @@ from fairpool.front.lifecycle import (
     Usage,
     tokens_for_chars,
 )
-from fairpool.front.limits import Rejection, TenantLimiter, Ticket
+from fairpool.front.limits import Limiter, Rejection, TenantLimiter, Ticket
 from fairpool.front.queue import FairQueue
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Flight",
     "FrontListener",
     "FrontRequest",
+    "Limiter",
     "NoWorker",
     "Outcome",
     "PoolFront",

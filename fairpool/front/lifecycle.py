@@ -34,7 +34,7 @@ from typing import Any
 
 from fairpool.api.inference_pool import RoutingSpec, Saturation
 from fairpool.api.tenant_quota import TenantLimits
-from fairpool.front.limits import Rejection, TenantLimiter, Ticket
+from fairpool.front.limits import Limiter, Rejection, Ticket
 from fairpool.front.queue import QUEUE_RETRY_AFTER, FairQueue
 from fairpool.sched.cost import CostModel, TenantWeights, Tokens
 from fairpool.sched.errors import ConfigError, require_count
@@ -80,6 +80,12 @@ class FrontRequest:
         require_count("input_tokens", self.input_tokens)
         if self.output_limit is not None:
             require_count("output_limit", self.output_limit)
+
+    @property
+    def reserved_tokens(self) -> int:
+        """What the hard limits count it for until the engine reports its usage: the
+        prompt estimate and the whole output limit."""
+        return self.input_tokens + (self.output_limit or 0)
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,7 @@ class PoolFront:
         name: str,
         router: Router,
         queue: FairQueue,
-        limiter: TenantLimiter,
+        limiter: Limiter,
         cost: CostModel,
         saturation: Saturation | None = None,
         queue_timeout: float = 60.0,
@@ -298,7 +304,7 @@ class PoolFront:
         routing: RoutingSpec,
         cost: CostModel,
         weights: Mapping[str, float],
-        limiter: TenantLimiter,
+        limiter: Limiter,
         *,
         max_tree_bytes: int | None = None,
         chains: Mapping[str, ChainProfile] | None = None,
@@ -346,11 +352,12 @@ class PoolFront:
         is in rotation and the front does not wait for one."""
         if request.request_id in self._flights:
             raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
-        reserved = request.input_tokens + (request.output_limit or 0)
         try:
-            ticket = self.limiter.admit(request.tenant, request.limits, reserved)
+            ticket = self.limiter.admit(
+                request.tenant, request.limits, request.reserved_tokens, request.request_id
+            )
         except Rejection as rejection:
-            self._tell_rejected(request, rejection)
+            self.tell_rejected(request, rejection)
             raise
         flight = Flight(self, request, ticket)
         self._flights[request.request_id] = flight
@@ -373,7 +380,7 @@ class PoolFront:
         except Rejection as rejection:
             del self._flights[request.request_id]
             self.limiter.settle(ticket, 0)
-            self._tell_rejected(request, rejection)
+            self.tell_rejected(request, rejection)
             raise
         except BaseException:
             del self._flights[request.request_id]
@@ -657,6 +664,8 @@ class PoolFront:
         tokens = settlement.prompt_tokens + settlement.completion_tokens
         self.limiter.settle(settlement.flight.ticket, tokens)
 
-    def _tell_rejected(self, request: FrontRequest, rejection: Rejection) -> None:
+    def tell_rejected(self, request: FrontRequest, rejection: Rejection) -> None:
+        """Tell the listeners a limit refused `request` (the front's own limits, or limits
+        the front end checked before `arrive`, such as limits shared by replicas)."""
         for listener in self.listeners:
             listener.rejected(self.name, request, rejection)

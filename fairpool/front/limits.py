@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from fairpool.api.tenant_quota import TenantLimits
 from fairpool.sched.errors import require_count
@@ -47,14 +47,63 @@ class Rejection(Exception):
         self.message = message
 
 
+def requests_rejection(limit: int, wait: float) -> Rejection:
+    return Rejection(
+        "requests_per_minute",
+        wait,
+        f"rate limit of {limit} requests per minute reached; retry in {wait:.1f} s",
+    )
+
+
+def tokens_rejection(limit: int, wait: float) -> Rejection:
+    return Rejection(
+        "tokens_per_minute",
+        wait,
+        f"rate limit of {limit} tokens per minute reached; retry in {wait:.1f} s",
+    )
+
+
+def oversized_rejection(limit: int, tokens: int, window: float = WINDOW_SECONDS) -> Rejection:
+    """A request whose tokens alone exceed the tokens-per-minute limit."""
+    return Rejection(
+        "tokens_per_minute",
+        window,
+        f"the request's {tokens} estimated tokens exceed the limit of {limit} tokens per "
+        "minute on their own",
+    )
+
+
+def concurrent_rejection(limit: int) -> Rejection:
+    return Rejection(
+        "concurrent",
+        CONCURRENT_RETRY_AFTER,
+        f"limit of {limit} concurrent requests reached; retry when one has finished",
+    )
+
+
 @dataclass(eq=False)
 class Ticket:
     """An admitted request's hold on its tenant's limits, released by `settle`."""
 
     tenant: str
     estimated_tokens: int
-    tokens_entry: WindowEntry = field(repr=False)
+    tokens_entry: WindowEntry | None = field(repr=False)  # the in-memory limiter's
     settled: bool = False
+
+
+class Limiter(Protocol):
+    """What a pool's front needs of hard limits: `TenantLimiter` in memory, or a limiter
+    whose counts the gateway's replicas share."""
+
+    def admit(
+        self, tenant: str, limits: TenantLimits, estimated_tokens: int, request_id: str = ""
+    ) -> Ticket: ...
+
+    def check(self, tenant: str, limits: TenantLimits) -> None: ...
+
+    def settle(self, ticket: Ticket, actual_tokens: int | None = None) -> None: ...
+
+    def state(self, tenant: str) -> dict[str, float]: ...
 
 
 @dataclass(eq=False)
@@ -78,8 +127,11 @@ class TenantLimiter:
         # Least recently touched first, so forgetting idle tenants is a scan of the front.
         self._usage: OrderedDict[str, _Usage] = OrderedDict()
 
-    def admit(self, tenant: str, limits: TenantLimits, estimated_tokens: int) -> Ticket:
-        """Count a request of `tenant` under `limits`, or raise `Rejection` counting nothing.
+    def admit(
+        self, tenant: str, limits: TenantLimits, estimated_tokens: int, request_id: str = ""
+    ) -> Ticket:
+        """Count a request of `tenant` under `limits`, or raise `Rejection` counting nothing
+        (`request_id` names it, for limiters that keep requests apart; not this one).
 
         When several limits refuse it, the one with the longest Retry-After is reported:
         retrying any earlier would be refused again.
@@ -131,7 +183,7 @@ class TenantLimiter:
         usage = self._usage.get(ticket.tenant)
         if usage is not None:  # always: a tenant with a request in progress is kept
             usage.concurrent -= 1
-            if actual_tokens is not None:
+            if actual_tokens is not None and ticket.tokens_entry is not None:
                 tokens = require_count("actual_tokens", actual_tokens)
                 usage.tokens.amend(ticket.tokens_entry, tokens, now)
             if self._is_idle(usage, now):
@@ -164,11 +216,7 @@ class TenantLimiter:
         wait = usage.requests.time_until_fits(now, 1, limit)
         if not wait:
             return None
-        return Rejection(
-            "requests_per_minute",
-            wait,
-            f"rate limit of {limit} requests per minute reached; retry in {wait:.1f} s",
-        )
+        return requests_rejection(limit, wait)
 
     def _check_tokens(
         self, usage: _Usage, limit: int | None, tokens: int, now: float
@@ -177,28 +225,15 @@ class TenantLimiter:
             return None
         wait = usage.tokens.time_until_fits(now, tokens, limit)
         if wait is None:
-            return Rejection(
-                "tokens_per_minute",
-                self._window,
-                f"the request's {tokens} estimated tokens exceed the limit of {limit} tokens "
-                "per minute on their own",
-            )
+            return oversized_rejection(limit, tokens, self._window)
         if not wait:
             return None
-        return Rejection(
-            "tokens_per_minute",
-            wait,
-            f"rate limit of {limit} tokens per minute reached; retry in {wait:.1f} s",
-        )
+        return tokens_rejection(limit, wait)
 
     def _check_concurrent(self, usage: _Usage, limit: int | None) -> Rejection | None:
         if limit is None or usage.concurrent < limit:
             return None
-        return Rejection(
-            "concurrent",
-            CONCURRENT_RETRY_AFTER,
-            f"limit of {limit} concurrent requests reached; retry when one has finished",
-        )
+        return concurrent_rejection(limit)
 
     # ------------------------------------------------------------------ bookkeeping
 

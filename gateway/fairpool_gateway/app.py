@@ -57,6 +57,7 @@ from fairpool_gateway.proxy import (
     read_whole,
     send,
 )
+from fairpool_gateway.shared_limits import SharedLimiter
 
 T = TypeVar("T")
 log = logging.getLogger("fairpool.gateway")
@@ -114,10 +115,10 @@ def probe_routes(gateway: Gateway) -> list[Route]:
             for name, pool in gateway.pools.items()
         }
         ready = gateway.ready
-        return JSONResponse(
-            {"status": "ready" if ready else "starting", "pools": pools},
-            status_code=200 if ready else 503,
-        )
+        document: dict[str, object] = {"status": "ready" if ready else "starting", "pools": pools}
+        if gateway.shared is not None:  # down is reported, never a reason to stop serving
+            document.update(gateway.shared.status())
+        return JSONResponse(document, status_code=200 if ready else 503)
 
     return [Route("/healthz", healthz), Route("/readyz", readyz)]
 
@@ -253,8 +254,15 @@ async def admit_and_forward(exchange: Exchange) -> Response:
         tenant.limits,
         arrival=exchange.arrival,
     )
+    shared = exchange.gateway.shared
     try:
-        exchange.flight = pool.front.arrive(request)
+        if shared is not None:
+            await reserve_shared(shared, pool, request)
+        try:
+            exchange.flight = pool.front.arrive(request)
+        finally:
+            if shared is not None:
+                shared.forget(request.request_id)  # reserved, and the front never took it
         if exchange.flight.queued:
             await hold(exchange.flight)
             if exchange.flight.settled:  # released, but could not be routed
@@ -264,6 +272,16 @@ async def admit_and_forward(exchange: Exchange) -> Response:
     except NoWorker as error:
         return error_response(unavailable(pool, str(error)), exchange.request_id)
     return await forward(exchange)
+
+
+async def reserve_shared(shared: SharedLimiter, pool: Pool, request: FrontRequest) -> None:
+    """Count `request` under the limits the replicas share; a refusal is told to the
+    pool's listeners as the front's own refusals are."""
+    try:
+        await shared.reserve(request)
+    except Rejection as rejection:
+        pool.front.tell_rejected(request, rejection)
+        raise
 
 
 def output_reservation(parsed: ParsedRequest, pool: Pool) -> int:

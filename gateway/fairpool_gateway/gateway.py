@@ -13,12 +13,13 @@ import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.files import FileWatch
-from fairpool.front import FrontListener, TenantLimiter
+from fairpool.front import FrontListener, Limiter, TenantLimiter
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.drain import Drain
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
 from fairpool_gateway.proxy import upstream_session
+from fairpool_gateway.shared_limits import SharedLimiter, read_password
 from fairpool_gateway.tenants import TenantTable
 
 log = logging.getLogger("fairpool.gateway")
@@ -30,9 +31,18 @@ class Gateway:
         self.config = config
         self.config_path = Path(config_path) if config_path else None
         self.tenants = TenantTable(config)
-        self.limiter = TenantLimiter()  # one for all pools: a tenant's limits span them
         self.metrics = GatewayMetrics()
         self.metrics.add_state(self._deficits, self._queues, self._workers, self._quanta)
+        # One limiter for all pools: a tenant's limits span them. Shared by the replicas
+        # in Redis when `sharedState` says where (fixed at start, not reloaded).
+        self.shared: SharedLimiter | None = None
+        self.limiter: Limiter = TenantLimiter()
+        if config.shared_state is not None:
+            shared = SharedLimiter(
+                config.shared_state, password=read_password(config.shared_state.password_file)
+            )
+            self.metrics.add_shared_state(lambda: shared.up)
+            self.shared = self.limiter = shared
         self.ledger = RequestLedger(self.metrics)
         #: What every pool's front tells (one list, shared by all pools): the metrics and
         #: log first; more may be added while the gateway runs.
@@ -57,6 +67,8 @@ class Gateway:
 
     async def start(self) -> None:
         self._session = upstream_session()
+        if self.shared is not None:
+            await self.shared.start()
         self._apply_pools(self.config)
         self._reloader = asyncio.create_task(self._watch_config())
 
@@ -67,6 +79,8 @@ class Gateway:
             await pool.stop()
         if self._session is not None:
             await self._session.close()
+        if self.shared is not None:
+            await self.shared.close()
         await self.health_client.aclose()
 
     @property

@@ -111,6 +111,22 @@ class GatewayMetrics:
     ) -> None:
         self.registry.register(_StateCollector(deficits, queues, workers, quanta))
 
+    def add_shared_state(self, up: Callable[[], bool]) -> None:
+        self.registry.register(_SharedStateCollector(up))
+
+
+class _SharedStateCollector(Collector):
+    def __init__(self, up: Callable[[], bool]) -> None:
+        self._up = up
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "fairpool_gateway_shared_state_up",
+            "1 while hard limits are counted in the state the replicas share; 0 while this "
+            "replica falls back to its own counts with limits divided by the replica count.",
+            value=1.0 if self._up() else 0.0,
+        )
+
 
 class _StateCollector(Collector):
     """Gauges read from the gateway's state at scrape time."""

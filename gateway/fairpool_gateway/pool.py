@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, GatewayPool
-from fairpool.front import CLIENT_CLOSED, Flight, FrontListener, Outcome, PoolFront, TenantLimiter
+from fairpool.front import CLIENT_CLOSED, Flight, FrontListener, Limiter, Outcome, PoolFront
 from fairpool.sched.routers import ChainProfile
 from fairpool_gateway.discovery import discovery_for
 from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor
@@ -38,7 +38,7 @@ class Pool:
         spec: GatewayPool,
         config: GatewayConfig,
         weights: Mapping[str, float],
-        limiter: TenantLimiter,
+        limiter: Limiter,
         listeners: list[FrontListener],
         health_client: httpx.AsyncClient,
     ) -> None:

@@ -1,0 +1,108 @@
+-- Hard limits shared by the gateway's replicas: one script per request phase, each atomic
+-- on the server (fairpool_gateway.shared_limits explains the design).
+--
+-- Keys, all of one tenant (one hash tag, so a cluster keeps them on one shard):
+--   KEYS[1] requests per second of the window: HASH second -> count
+--   KEYS[2] tokens per second of the window:   HASH second -> tokens
+--   KEYS[3] requests in progress:               ZSET request id -> lease expiry
+-- Time is the server's (TIME), the one clock every replica shares.
+
+local function now()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) + tonumber(time[2]) / 1000000
+end
+
+-- The buckets of `key` inside the window ending at `second` (older ones deleted), sorted by
+-- second, and their sum.
+local function window(key, second, length)
+  local oldest = second - length + 1
+  local fields = redis.call('HGETALL', key)
+  local buckets, total = {}, 0
+  for index = 1, #fields, 2 do
+    local at, value = tonumber(fields[index]), tonumber(fields[index + 1])
+    if at < oldest then
+      redis.call('HDEL', key, fields[index])
+    else
+      buckets[#buckets + 1] = {at, value}
+      total = total + value
+    end
+  end
+  table.sort(buckets, function(a, b) return a[1] < b[1] end)
+  return buckets, total
+end
+
+-- Seconds until `adding` more fits under `limit` as buckets leave the window; -1 never.
+local function wait_until_fits(buckets, total, adding, limit, clock, length)
+  if adding > limit then return -1 end
+  if total + adding <= limit then return 0 end
+  for _, bucket in ipairs(buckets) do
+    total = total - bucket[2]
+    if total + adding <= limit then
+      return math.max(bucket[1] + length - clock, 0.001)
+    end
+  end
+  return length
+end
+
+local function reserve()
+  -- ARGV: phase, request id, tokens, rpm, tpm, concurrent (-1: none), lease s, window s
+  local id, tokens = ARGV[2], tonumber(ARGV[3])
+  local rpm, tpm, concurrent = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local lease, length = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local clock = now()
+  local second = math.floor(clock)
+  local refusal, refusal_wait = nil, 0
+  local function refuse(reason, wait)
+    if refusal == nil or wait > refusal_wait then refusal, refusal_wait = reason, wait end
+  end
+  if rpm >= 0 then
+    local buckets, total = window(KEYS[1], second, length)
+    local wait = wait_until_fits(buckets, total, 1, rpm, clock, length)
+    if wait ~= 0 then refuse('requests_per_minute', wait < 0 and length or wait) end
+  end
+  if tpm >= 0 then
+    local buckets, total = window(KEYS[2], second, length)
+    local wait = wait_until_fits(buckets, total, tokens, tpm, clock, length)
+    if wait < 0 then
+      refuse('tokens_alone', length)
+    elseif wait > 0 then
+      refuse('tokens_per_minute', wait)
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', clock)  -- leases of replicas that died
+  if concurrent >= 0 and redis.call('ZCARD', KEYS[3]) >= concurrent then
+    refuse('concurrent', 0)
+  end
+  if refusal ~= nil then
+    return {0, refusal, tostring(refusal_wait)}
+  end
+  redis.call('HINCRBY', KEYS[1], second, 1)
+  redis.call('HINCRBY', KEYS[2], second, tokens)
+  redis.call('ZADD', KEYS[3], clock + lease, id)
+  for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, math.ceil(length + lease)) end
+  return {1, second}
+end
+
+local function settle()
+  -- ARGV: phase, request id, second reserved, tokens reserved, tokens served (-1: unknown)
+  local id, second = ARGV[2], ARGV[3]
+  local reserved, served = tonumber(ARGV[4]), tonumber(ARGV[5])
+  redis.call('ZREM', KEYS[3], id)
+  if served >= 0 and redis.call('HEXISTS', KEYS[2], second) == 1 then
+    redis.call('HINCRBY', KEYS[2], second, served - reserved)
+  end
+  return 1
+end
+
+local function renew()
+  -- ARGV: phase, lease s, request ids: their leases (those still held) run on
+  local expiry = now() + tonumber(ARGV[2])
+  for index = 3, #ARGV do
+    redis.call('ZADD', KEYS[3], 'XX', expiry, ARGV[index])
+  end
+  redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[2])) * 2)
+  return 1
+end
+
+local phases = {reserve = reserve, settle = settle, renew = renew}
+return phases[ARGV[1]]()

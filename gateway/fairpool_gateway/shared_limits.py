@@ -1,0 +1,327 @@
+"""Hard limits shared by every replica of the gateway, kept in Redis (or Valkey).
+
+One gateway keeps each tenant's requests and tokens per minute and its requests in
+progress in memory (`fairpool.front.TenantLimiter`); N replicas doing so would let a tenant
+through N times its limits. With `sharedState` configured, every replica counts in one
+Redis server instead, through one Lua script (`shared_limits.lua`) that runs atomically on
+the server, one round trip per request phase:
+
+- **reserve**, before the request enters the pool's front: every limit checked and, if all
+  pass, the request counted (its reserved tokens — prompt estimate plus output limit — in
+  the current second's bucket of the 60-second window, and a lease on a concurrency slot).
+  Replicas together therefore never admit past a limit: the check and the count are one
+  step on the server, and what a request may add is bounded before it is counted.
+- **settle**, when the front settles the request: the lease released and the tokens
+  corrected to what the engine reported. It needs no answer, so the request does not
+  wait for it.
+- **renew**, every `leaseSeconds / 3` for the requests this replica still serves: leases
+  that nobody renews (a replica killed mid-stream) expire and free their slots.
+
+The windows are 60 one-second buckets, so a request leaves the window up to a second
+earlier than in the in-memory limiter, which slides by the exact arrival time.
+
+When Redis cannot be reached (an error, or no answer within `timeoutSeconds`, 0.25 s by
+default), the replica
+falls back to its in-memory limiter with every limit divided by `replicas` — the replicas
+together then stay near the limits — and says so: the metric
+`fairpool_gateway_shared_state_up` is 0, a warning is logged, `/readyz` names it. No
+request fails because of it. Every second it tries again, and returns to shared counting
+by itself. Requests admitted during the outage are settled locally; requests admitted by
+Redis and settled during the outage keep their lease until it expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from fairpool.api.gateway_config import SharedStateSpec
+from fairpool.api.tenant_quota import TenantLimits
+from fairpool.front import FrontRequest, Rejection, TenantLimiter, Ticket
+from fairpool.front.limits import (
+    WINDOW_SECONDS,
+    concurrent_rejection,
+    oversized_rejection,
+    requests_rejection,
+    tokens_rejection,
+)
+
+log = logging.getLogger("fairpool.gateway")
+
+SCRIPT = resources.files("fairpool_gateway").joinpath("shared_limits.lua").read_text()
+#: Seconds between two attempts to reach Redis again while it is down.
+RETRY_INTERVAL = 1.0
+
+
+@dataclass(eq=False)
+class SharedTicket(Ticket):
+    """A request counted in Redis: which second's bucket holds its tokens."""
+
+    request_id: str = ""
+    second: int = 0
+
+
+@dataclass
+class _Down:
+    since: float
+    reason: str
+
+
+@dataclass
+class SharedLimiter:
+    """The front's limiter when the replicas share state (see the module's docstring)."""
+
+    spec: SharedStateSpec
+    password: str | None = None
+    local: TenantLimiter = field(default_factory=TenantLimiter)
+    prefix: str = "fairpool"
+
+    def __post_init__(self) -> None:
+        self._client: Any = redis.Redis.from_url(
+            self.spec.url,
+            password=self.password,
+            socket_timeout=self.spec.timeout_seconds,
+            socket_connect_timeout=self.spec.timeout_seconds,
+            retry_on_timeout=False,
+        )
+        self._script = self._client.register_script(SCRIPT)
+        self._reserved: dict[str, SharedTicket] = {}  # request id → ticket, until admit
+        self._held: dict[str, SharedTicket] = {}  # admitted, not settled: their leases
+        self._refused: dict[str, tuple[float, Rejection]] = {}  # tenant → until, why
+        self._down: _Down | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._renewer: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Begin renewing leases (and, while Redis is down, trying to reach it)."""
+        self._renewer = asyncio.create_task(self._renew_forever())
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await self.sent()
+        await self._client.aclose()
+
+    async def sent(self) -> None:
+        """Wait until every settlement handed to Redis so far has been applied (or failed)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def up(self) -> bool:
+        """Whether limits are counted in Redis now (False: the local fallback)."""
+        return self._down is None
+
+    def status(self) -> dict[str, object]:
+        """What `/readyz` and the admin API show of the shared state."""
+        if self._down is None:
+            return {"sharedState": "up"}
+        return {
+            "sharedState": "down",
+            "since": round(time.monotonic() - self._down.since, 1),
+            "reason": self._down.reason,
+            "fallback": f"local limits divided by {self.spec.replicas}",
+        }
+
+    # ------------------------------------------------------------------ reserve
+
+    async def reserve(self, request: FrontRequest) -> None:
+        """Count `request` in Redis, or raise the `Rejection` a limit gives. While Redis is
+        down this counts nothing: `admit` then uses the local fallback."""
+        if self._down is not None:
+            return
+        limits = request.limits
+        tokens = request.reserved_tokens
+        arguments: list[str | int | float] = [
+            "reserve",
+            request.request_id,
+            tokens,
+            _limit(limits.requests_per_minute),
+            _limit(limits.tokens_per_minute),
+            _limit(limits.concurrent),
+            self.spec.lease_seconds,
+            WINDOW_SECONDS,
+        ]
+        try:
+            answer = await self._script(keys=self._keys(request.tenant), args=arguments)
+        except (TimeoutError, RedisError, OSError) as error:
+            self._went_down(error)
+            return
+        if int(answer[0]) == 1:
+            ticket = SharedTicket(
+                request.tenant, tokens, None, request_id=request.request_id, second=int(answer[1])
+            )
+            self._reserved[request.request_id] = ticket
+            return
+        rejection = _rejection(_text(answer[1]), float(_text(answer[2])), limits, tokens)
+        self._refused[request.tenant] = (time.monotonic() + rejection.retry_after, rejection)
+        raise rejection
+
+    # ------------------------------------------------------------------ the front's limiter
+
+    def admit(
+        self, tenant: str, limits: TenantLimits, estimated_tokens: int, request_id: str = ""
+    ) -> Ticket:
+        """The ticket `reserve` took for `request_id`, or (Redis down) the local fallback's
+        admission under limits divided by the replica count."""
+        ticket = self._reserved.pop(request_id, None)
+        if ticket is not None:
+            self._held[request_id] = ticket
+            return ticket
+        return self.local.admit(tenant, self._divided(limits), estimated_tokens)
+
+    def check(self, tenant: str, limits: TenantLimits) -> None:
+        """Before the body is read: refuse a tenant that Redis refused moments ago, until
+        the Retry-After it was given; the fallback's own check while Redis is down."""
+        if self._down is not None:
+            self.local.check(tenant, self._divided(limits))
+            return
+        refused = self._refused.get(tenant)
+        if refused is None:
+            return
+        until, rejection = refused
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._refused[tenant]
+            return
+        raise Rejection(rejection.reason, left, rejection.message)
+
+    def settle(self, ticket: Ticket, actual_tokens: int | None = None) -> None:
+        if not isinstance(ticket, SharedTicket):
+            self.local.settle(ticket, actual_tokens)
+            return
+        if ticket.settled:
+            return
+        ticket.settled = True
+        self._held.pop(ticket.request_id, None)
+        self._reserved.pop(ticket.request_id, None)
+        served = -1 if actual_tokens is None else actual_tokens
+        arguments: list[str | int | float] = [
+            "settle",
+            ticket.request_id,
+            ticket.second,
+            ticket.estimated_tokens,
+            served,
+        ]
+        self._spawn(self._call(ticket.tenant, arguments))
+
+    def forget(self, request_id: str) -> None:
+        """A reservation that never reached the front (the request failed in between)."""
+        ticket = self._reserved.pop(request_id, None)
+        if ticket is not None:
+            self.settle(ticket, 0)
+
+    def state(self, tenant: str) -> dict[str, float]:
+        """The local fallback's counts (what this replica admitted while Redis was down)."""
+        return self.local.state(tenant)
+
+    # ------------------------------------------------------------------ internals
+
+    def _keys(self, tenant: str) -> list[str]:
+        tag = f"{self.prefix}:{{{tenant}}}"
+        return [f"{tag}:requests", f"{tag}:tokens", f"{tag}:leases"]
+
+    def _divided(self, limits: TenantLimits) -> TenantLimits:
+        replicas = self.spec.replicas
+        if replicas == 1:
+            return limits
+        update = {
+            name: max(1, value // replicas)
+            for name in ("requests_per_minute", "tokens_per_minute", "concurrent", "queued")
+            if (value := getattr(limits, name)) is not None
+        }
+        return limits.model_copy(update=update)
+
+    async def _call(self, tenant: str, arguments: list[str | int | float]) -> None:
+        try:
+            await self._script(keys=self._keys(tenant), args=arguments)
+        except (TimeoutError, RedisError, OSError) as error:
+            self._went_down(error)
+
+    def _spawn(self, work: Any) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(work)
+        except RuntimeError:  # no loop (shutting down): the lease expires by itself
+            work.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _went_down(self, error: BaseException) -> None:
+        if self._down is None:
+            reason = f"{type(error).__name__}: {error}"
+            log.warning(
+                "shared state unreachable, limits are local and divided by %d: %s",
+                self.spec.replicas,
+                reason,
+            )
+            self._down = _Down(time.monotonic(), reason)
+
+    async def _renew_forever(self) -> None:
+        while True:
+            if self._down is None:
+                await self._renew()
+                await asyncio.sleep(self.spec.lease_seconds / 3)
+            else:
+                await asyncio.sleep(RETRY_INTERVAL)
+                await self._try_again()
+
+    async def _renew(self) -> None:
+        by_tenant: dict[str, list[str]] = {}
+        for request_id, ticket in self._held.items():
+            by_tenant.setdefault(ticket.tenant, []).append(request_id)
+        for tenant, request_ids in by_tenant.items():
+            await self._call(tenant, ["renew", self.spec.lease_seconds, *request_ids])
+
+    async def _try_again(self) -> None:
+        try:
+            await self._client.ping()
+        except (TimeoutError, RedisError, OSError):
+            return
+        down, self._down = self._down, None
+        if down is not None:
+            log.warning(
+                "shared state reachable again after %.1f s: limits are shared",
+                time.monotonic() - down.since,
+            )
+
+
+def read_password(path: str | None) -> str | None:
+    """The server's password from `passwordFile` (a mounted Secret), if one is named."""
+    if path is None:
+        return None
+    return Path(path).read_text().strip() or None
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _rejection(reason: str, wait: float, limits: TenantLimits, tokens: int) -> Rejection:
+    """The refusal the in-memory limiter gives for the same limit."""
+    if reason == "requests_per_minute" and limits.requests_per_minute is not None:
+        return requests_rejection(limits.requests_per_minute, wait)
+    if reason == "tokens_alone" and limits.tokens_per_minute is not None:
+        return oversized_rejection(limits.tokens_per_minute, tokens)
+    if reason == "tokens_per_minute" and limits.tokens_per_minute is not None:
+        return tokens_rejection(limits.tokens_per_minute, wait)
+    if reason == "concurrent" and limits.concurrent is not None:
+        return concurrent_rejection(limits.concurrent)
+    raise ValueError(f"the shared-limits script refused for {reason!r}, a limit not set")

@@ -1,0 +1,217 @@
+"""Hard limits shared by gateway replicas in a real Valkey server started by the tests:
+two `SharedLimiter`s stand for two replicas. Their decisions are checked against the
+in-memory limiter's on random sequences, and through the failures a deployment sees: a
+replica that dies holding slots, and the server going away and coming back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from polling import eventually
+
+from fairpool.api.gateway_config import SharedStateSpec
+from fairpool.api.tenant_quota import TenantLimits
+from fairpool.front import FrontRequest, Rejection, TenantLimiter, Ticket
+from fairpool_cli.local.store import LocalStore
+from fairpool_gateway.shared_limits import SharedLimiter
+
+pytestmark = pytest.mark.subprocess
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[LocalStore]:
+    with LocalStore() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def empty(store: LocalStore) -> None:
+    redis.Redis(port=store.port).flushdb()
+
+
+def replicas(store: LocalStore, count: int = 2, **spec: object) -> list[SharedLimiter]:
+    settings_ = SharedStateSpec.model_validate(
+        {"url": store.url, "replicas": count, "timeoutSeconds": 10, **spec}
+    )
+    return [SharedLimiter(settings_) for _ in range(count)]
+
+
+def request(tenant: str, limits: TenantLimits, tokens: int = 10) -> FrontRequest:
+    return FrontRequest(f"r{next(_ids)}", tenant, "", tokens, None, limits)
+
+
+async def admit(limiter: SharedLimiter, front_request: FrontRequest) -> Ticket:
+    """What the gateway does: reserve in the shared state, then the front's admission."""
+    await limiter.reserve(front_request)
+    return limiter.admit(
+        front_request.tenant,
+        front_request.limits,
+        front_request.reserved_tokens,
+        front_request.request_id,
+    )
+
+
+async def close(*limiters: SharedLimiter) -> None:
+    for limiter in limiters:
+        await limiter.close()
+
+
+def test_two_replicas_together_admit_no_more_than_the_limits(store):
+    async def scenario() -> None:
+        a, b = replicas(store)
+        limits = TenantLimits(requestsPerMinute=5, concurrent=3)
+        admitted, refused = [], []
+        for index in range(8):
+            try:
+                admitted.append(await admit((a, b)[index % 2], request("acme", limits)))
+            except Rejection as rejection:
+                refused.append(rejection.reason)
+        assert len(admitted) == 3 and refused == ["concurrent"] * 5
+        for ticket in admitted:  # each settled by whichever replica: the slots are shared
+            b.settle(ticket, 10)
+        await b.sent()
+        admitted = [await admit(a, request("acme", limits)) for _ in range(2)]
+        with pytest.raises(Rejection) as error:
+            await admit(b, request("acme", limits))
+        assert error.value.reason == "requests_per_minute"
+        assert 0 < error.value.retry_after <= 60
+        assert "5 requests per minute" in error.value.message
+        await admit(a, request("globex", limits))  # the other tenant's counts are its own
+        await close(a, b)
+
+    asyncio.run(scenario())
+
+
+def test_tokens_are_corrected_to_what_the_engine_served(store):
+    async def scenario() -> None:
+        a, b = replicas(store)
+        limits = TenantLimits(tokensPerMinute=1000)
+        first = await admit(a, request("acme", limits, tokens=400))
+        await admit(b, request("acme", limits, tokens=400))
+        with pytest.raises(Rejection) as error:
+            await admit(a, request("acme", limits, tokens=400))
+        assert error.value.reason == "tokens_per_minute"
+        a.settle(first, 100)  # served 100 of the 400 reserved
+        await a.sent()
+        await admit(b, request("acme", limits, tokens=400))  # 100 + 400 + 400 <= 1000
+        with pytest.raises(Rejection) as error:
+            await admit(a, request("acme", limits, tokens=1001))
+        assert "on their own" in error.value.message
+        await close(a, b)
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_dies_holding_slots_frees_them_when_its_leases_expire(store):
+    async def scenario() -> None:
+        dead, alive = replicas(store, lease_seconds=1)
+        await alive.start()  # renews its own leases; the dead one never will
+        limits = TenantLimits(concurrent=2)
+        await admit(dead, request("acme", limits))
+        held = await admit(alive, request("acme", limits))
+        with pytest.raises(Rejection):
+            await admit(alive, request("acme", limits))
+
+        async def try_admit() -> Ticket | None:
+            try:
+                return await admit(alive, request("acme", limits))
+            except Rejection:
+                return None
+
+        # the dead replica's slot comes back; the live one's, renewed, stays taken
+        assert await eventually(try_admit, what="the dead replica's lease expired")
+        with pytest.raises(Rejection):
+            await admit(alive, request("acme", limits))
+        alive.settle(held, 1)
+        await close(dead, alive)
+
+    asyncio.run(scenario())
+
+
+def test_the_server_going_away_falls_back_to_divided_limits_and_comes_back():
+    async def scenario(store: LocalStore) -> None:
+        (replica,) = replicas(store, count=1)
+        replica.spec = replica.spec.model_copy(update={"replicas": 2})
+        await replica.start()
+        limits = TenantLimits(concurrent=4)
+        await admit(replica, request("acme", limits))
+        store.stop()
+        # no request fails: the local fallback admits, with the limit divided by 2
+        fallback = [await admit(replica, request("acme", limits)) for _ in range(2)]
+        assert not replica.up and replica.status()["sharedState"] == "down"
+        with pytest.raises(Rejection):
+            await admit(replica, request("acme", limits))
+        for ticket in fallback:
+            replica.settle(ticket, 1)
+        store.start()
+        await eventually(lambda: replica.up, what="the replica reached the server again")
+        assert replica.status() == {"sharedState": "up"}
+        await admit(replica, request("acme", limits))  # counted in the server again
+        assert redis.Redis(port=store.port).zcard("fairpool:{acme}:leases") == 1
+        await replica.close()
+
+    with LocalStore() as own:  # this test stops its server
+        asyncio.run(scenario(own))
+
+
+arrive = st.tuples(
+    st.just("arrive"),
+    st.integers(0, 1),  # through which replica
+    st.sampled_from(["acme", "globex"]),
+    st.integers(1, 300),  # tokens reserved
+)
+settle = st.tuples(st.just("settle"), st.integers(0, 50), st.integers(0, 300))
+operation = st.one_of(arrive, arrive, settle)  # arrivals twice as often: limits get reached
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(operation, min_size=8, max_size=60),
+    st.sampled_from([None, 3, 8]),
+    st.sampled_from([None, 400, 1500]),
+    st.sampled_from([None, 2, 5]),
+)
+def test_replicas_decide_as_one_in_memory_limiter_would(store, operations, rpm, tpm, concurrent):
+    """Within one minute (nothing leaves the window), two replicas sharing the server
+    admit and refuse exactly the requests one in-memory limiter does, with the same
+    reasons: the shared script is the same rule."""
+    redis.Redis(port=store.port).flushdb()
+    limits = TenantLimits(requestsPerMinute=rpm, tokensPerMinute=tpm, concurrent=concurrent)
+    local = TenantLimiter(clock=lambda: 0.0)
+
+    async def scenario() -> None:
+        shared = replicas(store)
+        held: list[tuple[Ticket, Ticket]] = []
+        for step in operations:
+            if step[0] == "arrive":
+                _, replica, tenant, tokens = step
+                front_request = request(tenant, limits, tokens)
+                expected: str | Ticket
+                try:
+                    expected = local.admit(tenant, limits, tokens)
+                except Rejection as rejection:
+                    expected = rejection.reason
+                try:
+                    ticket = await admit(shared[replica], front_request)
+                except Rejection as rejection:
+                    assert rejection.reason == expected
+                else:
+                    assert isinstance(expected, Ticket), (expected, step)
+                    held.append((expected, ticket))
+            elif held:
+                _, index, served = step
+                local_ticket, shared_ticket = held.pop(index % len(held))
+                local.settle(local_ticket, served)
+                shared[index % 2].settle(shared_ticket, served)
+                await shared[index % 2].sent()
+        await close(*shared)
+
+    asyncio.run(scenario())

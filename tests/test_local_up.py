@@ -252,3 +252,34 @@ def test_fairpool_load_through_fairpool_up_gets_shares_close_to_the_weights(tmp_
     )
     assert all(value >= -1e-6 for value in lifts.values())
     assert abs(gap) <= bound + sum(lifts.values())
+
+
+def test_two_gateway_replicas_share_a_tenants_limits(tmp_path: Path):
+    """`--gateway-replicas 2`: two gateways on their own ports and the Valkey server they
+    share; a limit holds across them, and stopping `fairpool up` stops all of it."""
+    documents = list(yaml.safe_load_all(EXAMPLE.read_text()))
+    for document in documents:
+        if document["kind"] == "TenantQuota" and document["metadata"]["name"] == "light":
+            document["spec"]["limits"] = {"requestsPerMinute": 4}
+    manifests = tmp_path / "local.yaml"
+    manifests.write_text(yaml.safe_dump_all(documents))
+    running = Up(manifests, free_port(), "--gateway-replicas", "2")
+    try:
+        running.wait_ready()
+        urls = [
+            line.split()[1]
+            for line in running.output
+            if line.strip().startswith("gateway ") and "/v1" in line
+        ]
+        assert len(urls) == 2 and urls[0] == running.url
+        assert any(line.strip().startswith("shared ") for line in running.output)
+        children = children_of(running.process.pid)
+        assert len(children) == 5  # the shared state, two engines, two gateways
+        statuses = [chat(urls[index % 2], LIGHT_KEY).status_code for index in range(8)]
+        assert sorted(statuses) == [200] * 4 + [429] * 4
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=30) == 0
+        wait_until(lambda: not any(alive(pid) for pid in children))
+    finally:
+        running.process.kill()
+        running.process.wait()

@@ -258,6 +258,14 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--port", type=int, default=8080, help="gateway port (8080)")
     local.add_argument("--admin-port", type=int, help="admin/metrics port (default: a free one)")
     local.add_argument(
+        "--gateway-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="gateways to run (1); with several, each on its own ports (the first on --port), "
+        "sharing tenants' limits through a local Valkey server started with them",
+    )
+    local.add_argument(
         "--fairness",
         choices=["on", "off"],
         default="on",
@@ -460,7 +468,14 @@ def _up(args: argparse.Namespace) -> int:
     from fairpool_cli.local.up import up
 
     console = Console(soft_wrap=True)  # URLs must stay whole to be copied
-    return up(args.files, args.port, args.admin_port, args.fairness == "on", console)
+    return up(
+        args.files,
+        args.port,
+        args.admin_port,
+        args.fairness == "on",
+        console,
+        gateway_replicas=args.gateway_replicas,
+    )
 
 
 def _load(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from rich.table import Table
 from fairpool.sched.errors import ConfigError
 from fairpool_cli.load import LoadResult, LoadSpec, TenantSpec, run_load
 from fairpool_cli.load.tenants import tenants_from_manifests
+from fairpool_cli.local.ports import free_port
 
 EXAMPLE = Path("examples/local.yaml")
 #: In flight per tenant: both well above what the pool serves at once (2 × 8), the flood
@@ -156,9 +156,3 @@ def _percent(value: float | None) -> str:
 
 def _seconds(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -5,12 +5,14 @@ engine-sim` for `engine.kind: sim`, `fairpool engine` (vLLM with the fair schedu
 `engine.kind: vllm` — reading the pool's scheduler configuration from a file; the gateway
 process reads a gateway configuration naming those engines. The files are the ones the
 operator renders into ConfigMaps in Kubernetes (`fairpool.api.rendering`).
+
+With several gateway replicas, each gets its own ports and they share their tenants' hard
+limits through a local Valkey server (`fairpool_cli.local.store`) that the plan starts too.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,39 +28,55 @@ from fairpool.api.rendering import (
     scheduler_config_document,
 )
 from fairpool.sched.errors import ConfigError
-
-HOST = "127.0.0.1"
+from fairpool_cli.local.ports import HOST, free_port
+from fairpool_cli.local.store import server_command
 
 
 @dataclass(frozen=True)
 class ProcessSpec:
     name: str
     command: list[str]
-    health_url: str  # answers 200 once the process serves
+    health_url: str  # answers 200 once the process serves (tcp://host:port: accepts)
 
 
-@dataclass
-class LocalPlan:
-    engines: list[ProcessSpec]
-    gateway: ProcessSpec
-    workdir: Path
+@dataclass(frozen=True)
+class GatewayReplica:
+    process: ProcessSpec
     port: int
     admin_port: int
-    workers: dict[str, list[str]]  # pool → engine URLs
-    fairness: Fairness
-    files: dict[Path, str] = field(default_factory=dict)  # path → content
 
     @property
-    def processes(self) -> list[ProcessSpec]:
-        return [*self.engines, self.gateway]
-
-    @property
-    def gateway_url(self) -> str:
+    def url(self) -> str:
         return f"http://{HOST}:{self.port}/v1"
 
     @property
     def admin_url(self) -> str:
         return f"http://{HOST}:{self.admin_port}"
+
+
+@dataclass
+class LocalPlan:
+    engines: list[ProcessSpec]
+    gateways: list[GatewayReplica]
+    workdir: Path
+    workers: dict[str, list[str]]  # pool → engine URLs
+    fairness: Fairness
+    store: ProcessSpec | None = None  # the replicas' shared state, with several
+    store_url: str | None = None
+    files: dict[Path, str] = field(default_factory=dict)  # path → content
+
+    @property
+    def processes(self) -> list[ProcessSpec]:
+        stores = [self.store] if self.store is not None else []
+        return [*stores, *self.engines, *(replica.process for replica in self.gateways)]
+
+    @property
+    def gateway_url(self) -> str:
+        return self.gateways[0].url
+
+    @property
+    def admin_url(self) -> str:
+        return self.gateways[0].admin_url
 
     def config_files(self, manifests: Manifests) -> dict[Path, str]:
         """The scheduler and gateway configurations the manifests give, for the running
@@ -68,12 +86,18 @@ class LocalPlan:
             self.workdir / f"scheduler-{pool.name}.yaml": scheduler_file(pool, manifests)
             for pool in manifests.pools
         }
+        first = self.gateways[0]
         config = gateway_config_from_manifests(
             manifests,
             self.workers,
-            listen={"host": HOST, "port": self.port},
-            admin={"host": HOST, "port": self.admin_port},
+            listen={"host": HOST, "port": first.port},
+            admin={"host": HOST, "port": first.admin_port},
         )
+        if self.store_url is not None:
+            shared = {"url": self.store_url, "replicas": len(self.gateways)}
+            config = config.model_validate(
+                {**config.model_dump(by_alias=True, exclude_none=True), "sharedState": shared}
+            )
         files[self.workdir / "gateway.yaml"] = gateway_file(config)
         return files
 
@@ -104,10 +128,15 @@ def plan_local(
     port: int = 8080,
     admin_port: int | None = None,
     fairness: Fairness = Fairness(),
+    gateway_replicas: int = 1,
 ) -> LocalPlan:
-    """The processes and files for the manifests; ConfigError if something cannot run here."""
+    """The processes and files for the manifests; ConfigError if something cannot run here.
+    The first gateway replica listens on `port` (and `admin_port`), the others on free
+    ports."""
     if not manifests.pools:
         raise ConfigError("-f", "the manifests define no InferencePool")
+    if gateway_replicas < 1:
+        raise ConfigError("--gateway-replicas", f"must be >= 1, got {gateway_replicas}")
     engines: list[ProcessSpec] = []
     workers: dict[str, list[str]] = {}
     for pool in fairness.apply(manifests).pools:
@@ -118,16 +147,35 @@ def plan_local(
             name = f"engine {pool.name}-{replica}"
             engines.append(engine_process(name, pool, engine_port, config_path))
             workers[pool.name].append(f"http://{HOST}:{engine_port}")
-    admin = free_port() if admin_port is None else admin_port
     gateway_path = workdir / "gateway.yaml"
-    gateway = ProcessSpec(
-        "gateway",
-        [*fairpool_command(), "gateway", "--config", str(gateway_path), "--log-level", "warning"],
-        f"http://{HOST}:{admin}/readyz",
-    )
-    plan = LocalPlan(engines, gateway, workdir, port, admin, workers, fairness)
+    gateways = []
+    for replica in range(gateway_replicas):
+        tenant_port = port if replica == 0 else free_port()
+        admin = admin_port if replica == 0 and admin_port is not None else free_port()
+        name = "gateway" if gateway_replicas == 1 else f"gateway-{replica}"
+        command = [*fairpool_command(), "gateway", "--config", str(gateway_path)]
+        command += ["--port", str(tenant_port), "--admin-port", str(admin)]
+        process = ProcessSpec(
+            name, [*command, "--log-level", "warning"], f"http://{HOST}:{admin}/readyz"
+        )
+        gateways.append(GatewayReplica(process, tenant_port, admin))
+    plan = LocalPlan(engines, gateways, workdir, workers, fairness)
+    if gateway_replicas > 1:
+        plan.store, plan.store_url = store_process()
     plan.files = plan.config_files(manifests)
     return plan
+
+
+def store_process() -> tuple[ProcessSpec, str]:
+    """The local Valkey server several gateway replicas share, and its URL."""
+    store_port = free_port()
+    try:
+        command = server_command(store_port)
+    except FileNotFoundError as error:
+        raise ConfigError("--gateway-replicas", str(error)) from None
+    return ProcessSpec("shared state", command, f"tcp://{HOST}:{store_port}"), (
+        f"redis://{HOST}:{store_port}/0"
+    )
 
 
 def scheduler_file(pool: InferencePool, manifests: Manifests) -> str:
@@ -168,9 +216,3 @@ def local_model(pool: InferencePool) -> str:
 def fairpool_command() -> list[str]:
     """This very `fairpool`, whatever environment it runs in."""
     return [sys.executable, "-m", "fairpool_cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])

@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from types import TracebackType
 
-from fairpool_cli.local.plan import free_port
+from fairpool_cli.local.ports import HOST, free_port
 
 
 def server_binary() -> str:
@@ -39,6 +39,24 @@ def server_binary() -> str:
     )
 
 
+def server_command(port: int, password: str | None = None) -> list[str]:
+    """The command line of a server on loopback `port`, without persistence."""
+    command = [
+        server_binary(),
+        "--bind",
+        HOST,
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    if password:
+        command += ["--requirepass", password]
+    return command
+
+
 class LocalStore:
     """A server on 127.0.0.1; `stop` and `start` again keep its port (and lose its data,
     as a restarted server without persistence does)."""
@@ -50,19 +68,14 @@ class LocalStore:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{HOST}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> LocalStore:
-        command = [
-            server_binary(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--save", "",
-            "--appendonly", "no",
-        ]  # fmt: skip
-        if self.password:
-            command += ["--requirepass", self.password]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._process = subprocess.Popen(
+            server_command(self.port, self.password),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         self._wait_until_serving(timeout)
         return self
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -40,6 +41,7 @@ def up(
     admin_port: int | None,
     fairness: bool,
     console: Console,
+    gateway_replicas: int = 1,
 ) -> int:
     manifests = load_manifests(*paths)
     workdir = Path(tempfile.mkdtemp(prefix="fairpool-up-"))
@@ -47,7 +49,9 @@ def up(
     previous = {sig: signal.signal(sig, _setter(stop)) for sig in (signal.SIGINT, signal.SIGTERM)}
     supervisor: Supervisor | None = None
     try:
-        plan = plan_local(manifests, workdir, port, admin_port, Fairness(fairness))
+        plan = plan_local(
+            manifests, workdir, port, admin_port, Fairness(fairness), gateway_replicas
+        )
         write_files(plan.files)
         supervisor = Supervisor(plan.processes, lambda line: console.print(f"[yellow]{line}"))
         supervisor.start()
@@ -107,6 +111,14 @@ def wait_until_ready(
 
 
 def _answers(url: str) -> bool:
+    """`url` answers 200 (http://), or accepts a connection (tcp://host:port)."""
+    if url.startswith("tcp://"):
+        host, _, port = url.removeprefix("tcp://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+        except OSError:
+            return False
+        return True
     try:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
@@ -115,8 +127,15 @@ def _answers(url: str) -> bool:
 
 def print_banner(plan: LocalPlan, manifests: Manifests, fairness: bool, console: Console) -> None:
     console.print(f"[bold green]fairpool is up[/bold green]{'' if fairness else ' (fairness off)'}")
-    console.print(f"  gateway  {plan.gateway_url}   (OpenAI API; Authorization: Bearer KEY)")
-    console.print(f"  metrics  {plan.admin_url}/metrics   tenants: {plan.admin_url}/admin/tenants")
+    for replica in plan.gateways:
+        console.print(f"  gateway  {replica.url}   (OpenAI API; Authorization: Bearer KEY)")
+        console.print(
+            f"  metrics  {replica.admin_url}/metrics   tenants: {replica.admin_url}/admin/tenants"
+        )
+    if plan.store_url is not None:
+        console.print(
+            f"  shared   {plan.store_url}   (the {len(plan.gateways)} gateways' tenant limits)"
+        )
     for pool in manifests.pools:
         urls = ", ".join(plan.workers.get(pool.name, [])) or "no replicas"
         console.print(

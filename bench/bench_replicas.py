@@ -1,0 +1,332 @@
+"""Several gateway replicas: does a tenant's limit hold across them, and do the weights?
+
+Everything runs here as processes on loopback: a Valkey server (`fairpool_cli.local.store`),
+`fairpool engine-sim` workers at real time (`--speedup 1`, 2,048 KV tokens each, VTC with
+the tenants' weights in their scheduler configuration, so queues form in the engines), and
+N `fairpool gateway` processes with one configuration (`sharedState` naming the server,
+`replicas: N`), each on its own port. The load generator is `fairpool load`'s, as in
+`bench_gateway.py`, whose request shapes it reuses (a tenant's own system prompt, a
+120-word question, 64 output tokens, streamed).
+
+Two measurements:
+
+1. **Limits** (`limits`). A tenant limited to `--tpm` tokens a minute floods (closed loop,
+   `--limit-streams` streams) through 4 replicas, its streams spread evenly, for
+   `--limit-seconds`: the tokens its admitted requests were reserved (prompt estimate +
+   output limit; nothing refunds them within the run, as the engine's usage only lowers
+   the count) against the limit, with the replicas sharing state and, for comparison,
+   each keeping its own (no `sharedState`).
+2. **Weights** (`weights`). Two tenants, gold (weight 4) and bronze (1), both flooding
+   (`--streams` streams each), with 1, 2 and 4 replicas: each tenant through its own
+   replica (`skewed`: gold through replica 0, bronze through the last), or both spread
+   evenly over every replica (`spread`). After `--warmup` seconds, a window of
+   `--window` seconds: each tenant's service (1 × uncached prompt + 2 × output tokens)
+   from the engines' own counters, gold : bronze, and the engines' total service per
+   second against the one-replica run's. The gateways' saturation is the flood
+   benchmark's (`maxOutstanding: 8` per worker): that cap, counted per replica, is what
+   the weights depend on while the fair queue and the saturation counts are not shared.
+
+Results: `bench/results/replicas.json` and `.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from _common import write_results
+from bench_gateway import (
+    Flood,
+    MakeRequest,
+    flood_engine_options,
+    request_maker,
+    scrape,
+    sender,
+)
+from routers import (
+    FAIRPOOL,
+    HOST,
+    FairpoolGateway,
+    Process,
+    RunningProxy,
+    Tenant,
+    free_port,
+    gateway_config,
+    probe,
+    spawn,
+    start_engines,
+    wait_until,
+)
+
+from fairpool_cli.local.store import LocalStore
+
+GOLD, BRONZE = Tenant("gold", 4.0), Tenant("bronze", 1.0)
+LIMITED = Tenant("limited", 1.0)
+MAX_TOKENS = 64
+WORDS = 120
+PROXY = FairpoolGateway("fairpool")
+
+
+def say(message: str) -> None:
+    print(f"bench_replicas: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------- processes
+
+
+@contextlib.contextmanager
+def gateways(
+    count: int,
+    workers: list[str],
+    tenants: list[Tenant],
+    store: LocalStore | None,
+    logs: Path,
+    limits: dict[str, Any] | None = None,
+) -> Iterator[list[RunningProxy]]:
+    """`count` gateways with one configuration, each ready on its own port."""
+    started: list[RunningProxy] = []
+    try:
+        for _ in range(count):
+            port = free_port()
+            config = gateway_config(port, free_port(), workers, tenants, None)
+            if store is not None:
+                config["sharedState"] = {"url": store.url, "replicas": count}
+            if limits:
+                for entry in config["tenants"]:
+                    entry["limits"] = limits
+            path = logs / f"gateway-{port}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            process = spawn(f"gateway-{port}", [str(FAIRPOOL), "gateway", "--config", str(path)],
+                            None, logs)  # fmt: skip
+            started.append(RunningProxy(PROXY, [(HOST, port)], process, config))
+        for running in started:
+            wait_until(lambda r=running: probe(r, tenants[0]), running.process, 60, "gateway")
+        yield started
+    finally:
+        for running in started:
+            running.stop()
+
+
+async def flood(
+    streams: dict[str, tuple[int, MakeRequest]],
+    client_for: Any,
+    seconds: float,
+) -> Flood:
+    load = Flood(streams)
+    task = asyncio.create_task(load.run(client_for))
+    await asyncio.sleep(seconds)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return load
+
+
+# ---------------------------------------------------------------------- limits
+
+
+def run_limits(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    rows = []
+    engines = start_engines(2, flood_engine_options({}, "vtc"), None, logs)
+    try:
+        workers = [engine.url for engine in engines]
+        for shared in (True, False):
+            with contextlib.ExitStack() as stack:
+                store = stack.enter_context(LocalStore()) if shared else None
+                running = stack.enter_context(
+                    gateways(4, workers, [LIMITED], store, logs, {"tokensPerMinute": settings.tpm})
+                )
+                rows.append(asyncio.run(measure_limit(settings, running, shared)))
+                say(f"limits, shared={shared}: {rows[-1]['reserved_tokens']:,} tokens admitted")
+    finally:
+        for engine in engines:
+            engine.stop()
+    return rows
+
+
+async def measure_limit(
+    settings: argparse.Namespace, running: list[RunningProxy], shared: bool
+) -> dict[str, Any]:
+    make = request_maker(PROXY, [LIMITED], "chat", MAX_TOKENS, WORDS)
+    targets = [proxy.targets[0] for proxy in running]
+    load = await flood(
+        {LIMITED.name: (settings.limit_streams, make)},
+        lambda index: sender(*targets[index % len(targets)]),
+        settings.limit_seconds,
+    )
+    admitted = [result for result in load.results if result.ok]
+    refused = [result for result in load.results if result.status == 429]
+    # what the limiter counted for each admitted request: its prompt and output limit
+    reserved = sum(result.prompt_tokens + MAX_TOKENS for result in admitted)
+    return {
+        "shared": shared,
+        "replicas": len(running),
+        "limit_tokens_per_minute": settings.tpm,
+        "seconds": settings.limit_seconds,
+        "admitted": len(admitted),
+        "refused": len(refused),
+        "reserved_tokens": reserved,
+        "served_tokens": sum(r.prompt_tokens + r.completion_tokens for r in admitted),
+        "largest_request": max((r.prompt_tokens + MAX_TOKENS for r in admitted), default=0),
+        "vs_limit": round(reserved / settings.tpm, 3),
+    }
+
+
+# ---------------------------------------------------------------------- weights
+
+
+def run_weights(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    rows = []
+    weights = {GOLD.name: GOLD.weight, BRONZE.name: BRONZE.weight}
+    for replicas in settings.replicas:
+        for layout in ("skewed", "spread") if replicas > 1 else ("skewed",):
+            engines = start_engines(2, flood_engine_options(weights, "vtc"), None, logs)
+            try:
+                with (
+                    LocalStore() as store,
+                    gateways(
+                        replicas, [e.url for e in engines], [GOLD, BRONZE], store, logs
+                    ) as running,
+                ):
+                    row = asyncio.run(measure_weights(settings, running, engines, layout))
+            finally:
+                for engine in engines:
+                    engine.stop()
+            rows.append(row)
+            say(f"weights, {replicas} replica(s), {layout}: gold:bronze {row['ratio']:.2f}")
+    base = next(row for row in rows if row["replicas"] == 1)
+    for row in rows:
+        row["throughput_vs_one"] = round(row["service_per_s"] / base["service_per_s"], 3)
+    return rows
+
+
+async def measure_weights(
+    settings: argparse.Namespace,
+    running: list[RunningProxy],
+    engines: list[Process],
+    layout: str,
+) -> dict[str, Any]:
+    targets = [proxy.targets[0] for proxy in running]
+
+    def through(tenant: Tenant) -> Any:
+        if layout == "spread":
+            return lambda index: sender(*targets[index % len(targets)])
+        own = targets[0] if tenant is GOLD else targets[-1]
+        return lambda index: sender(*own)
+
+    makes = {t.name: request_maker(PROXY, [t], "chat", MAX_TOKENS, WORDS) for t in (GOLD, BRONZE)}
+    clients = {GOLD.name: through(GOLD), BRONZE.name: through(BRONZE)}
+    loads = [
+        Flood({tenant: (settings.streams, makes[tenant])}) for tenant in (GOLD.name, BRONZE.name)
+    ]
+    tasks = [
+        asyncio.create_task(load.run(clients[tenant]))
+        for load, tenant in zip(loads, (GOLD.name, BRONZE.name), strict=True)
+    ]
+    async with httpx.AsyncClient(timeout=10) as http:
+        await asyncio.sleep(settings.warmup)
+        before, start = await scrape(http, engines), time.monotonic()
+        await asyncio.sleep(settings.window)
+        after, end = await scrape(http, engines), time.monotonic()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    service = {
+        tenant: sum(after["service"].get(tenant, [0.0])) - sum(before["service"].get(tenant, [0.0]))
+        for tenant in (GOLD.name, BRONZE.name)
+    }
+    errors = sum(1 for load in loads for result in load.results if not result.ok)
+    return {
+        "replicas": len(running),
+        "layout": layout,
+        "service": {tenant: round(value) for tenant, value in service.items()},
+        "ratio": round(service[GOLD.name] / max(service[BRONZE.name], 1.0), 3),
+        "service_per_s": round(sum(service.values()) / (end - start), 1),
+        "errors": errors,
+    }
+
+
+# ---------------------------------------------------------------------- report
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = []
+    limits = results.get("limits") or []
+    if limits:
+        lines += [
+            "### A tenant's tokens per minute through 4 replicas",
+            "",
+            "| state | admitted | refused | tokens counted in the run | vs the limit |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for row in limits:
+            state = "shared (Valkey)" if row["shared"] else "each replica its own"
+            lines.append(
+                f"| {state} | {row['admitted']} | {row['refused']} | "
+                f"{row['reserved_tokens']:,} of {row['limit_tokens_per_minute']:,} | "
+                f"{row['vs_limit']:.2f}× |"
+            )
+        lines.append("")
+    weights = results.get("weights") or []
+    if weights:
+        lines += [
+            "### Weights gold 4 : bronze 1, both flooding, engines VTC with the same weights",
+            "",
+            "| replicas | traffic | gold : bronze (engines' service) | service/s | vs one replica "
+            "| errors |",
+            "|---:|---|---:|---:|---:|---:|",
+        ]
+        for row in weights:
+            traffic = "each tenant through its own" if row["layout"] == "skewed" else "spread"
+            if row["replicas"] == 1:
+                traffic = "one gateway"
+            lines.append(
+                f"| {row['replicas']} | {traffic} | {row['ratio']:.2f} : 1 | "
+                f"{row['service_per_s']:,.0f} | {row['throughput_vs_one']:.2f}× | {row['errors']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="limits,weights", help="limits, weights")
+    parser.add_argument("--tpm", type=int, default=20_000, help="the limited tenant's limit")
+    parser.add_argument("--limit-streams", type=int, default=16)
+    parser.add_argument("--limit-seconds", type=float, default=20.0)
+    parser.add_argument("--replicas", default="1,2,4", help="gateway replica counts")
+    parser.add_argument("--streams", type=int, default=48, help="streams per tenant")
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--quick", action="store_true", help="short runs, no record")
+    settings = parser.parse_args(argv)
+    settings.replicas = [int(value) for value in settings.replicas.split(",")]
+    if settings.quick:
+        settings.limit_seconds, settings.warmup, settings.window = 5.0, 3.0, 5.0
+    cases = set(settings.cases.split(","))
+    logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
+    results: dict[str, Any] = {"settings": {k: v for k, v in vars(settings).items()}}
+    try:
+        if "limits" in cases:
+            results["limits"] = run_limits(settings, logs)
+        if "weights" in cases:
+            results["weights"] = run_weights(settings, logs)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+    print(table(results))
+    if not settings.quick:
+        write_results("replicas", json.loads(json.dumps(results)), table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -23,8 +23,9 @@ Two measurements:
    `--window` seconds: each tenant's service (1 × uncached prompt + 2 × output tokens)
    from the engines' own counters, gold : bronze, and the engines' total service per
    second against the one-replica run's. The gateways' saturation is the flood
-   benchmark's (`maxOutstanding: 8` per worker): that cap, counted per replica, is what
-   the weights depend on while the fair queue and the saturation counts are not shared.
+   benchmark's (`maxOutstanding: 8` per worker; `--max-outstanding` sets another): that
+   cap, counted per replica, is what the weights depend on while the fair queue and the
+   saturation counts are not shared.
 
 Results: `bench/results/replicas.json` and `.md`.
 """
@@ -56,6 +57,7 @@ from bench_gateway import (
 )
 from routers import (
     FAIRPOOL,
+    GATEWAY_MAX_OUTSTANDING,
     HOST,
     FairpoolGateway,
     Process,
@@ -93,6 +95,7 @@ def gateways(
     store: LocalStore | None,
     logs: Path,
     limits: dict[str, Any] | None = None,
+    max_outstanding: int = GATEWAY_MAX_OUTSTANDING,
 ) -> Iterator[list[RunningProxy]]:
     """`count` gateways with one configuration, each ready on its own port."""
     started: list[RunningProxy] = []
@@ -100,6 +103,7 @@ def gateways(
         for _ in range(count):
             port = free_port()
             config = gateway_config(port, free_port(), workers, tenants, None)
+            config["pools"][0]["routing"]["saturation"]["maxOutstanding"] = max_outstanding
             if store is not None:
                 config["sharedState"] = {"url": store.url, "replicas": count}
             if limits:
@@ -195,7 +199,12 @@ def run_weights(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]
                 with (
                     LocalStore() as store,
                     gateways(
-                        replicas, [e.url for e in engines], [GOLD, BRONZE], store, logs
+                        replicas,
+                        [e.url for e in engines],
+                        [GOLD, BRONZE],
+                        store,
+                        logs,
+                        max_outstanding=settings.max_outstanding,
                     ) as running,
                 ):
                     row = asyncio.run(measure_weights(settings, running, engines, layout))
@@ -308,6 +317,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=48, help="streams per tenant")
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=GATEWAY_MAX_OUTSTANDING,
+        help="the gateways' saturation cap per worker (8, the flood benchmark's); another "
+        "value records bench/results/replicas-outstanding-N",
+    )
     parser.add_argument("--quick", action="store_true", help="short runs, no record")
     settings = parser.parse_args(argv)
     settings.replicas = [int(value) for value in settings.replicas.split(",")]
@@ -325,7 +341,10 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(logs, ignore_errors=True)
     print(table(results))
     if not settings.quick:
-        write_results("replicas", json.loads(json.dumps(results)), table(results))
+        name = "replicas"
+        if settings.max_outstanding != GATEWAY_MAX_OUTSTANDING:
+            name += f"-outstanding-{settings.max_outstanding}"
+        write_results(name, json.loads(json.dumps(results)), table(results))
 
 
 if __name__ == "__main__":

@@ -1282,3 +1282,71 @@ def test_fetch_helm_is_idempotent():
     assert "already there" in done.stdout
     version = subprocess.run([str(HELM), "version", "--short"], capture_output=True, text=True)
     assert version.stdout.startswith("v4.")
+
+
+# --------------------------------------------------------------------- several gateway pods
+
+
+def env_of(deployment: Doc) -> dict[str, str]:
+    return {
+        item["name"]: item.get("value", "")
+        for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+
+def mounts_of(deployment: Doc) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
+
+
+@needs_helm
+def test_several_gateway_pods_share_state_in_a_bundled_valkey(tmp_path):
+    docs = render(tmp_path, {"gateway": {"replicas": 3}})
+    valkey = one(docs, "StatefulSet", "fp-shared-state")
+    container = valkey["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("docker.io/valkey/valkey:")
+    assert "--requirepass" in container["command"][-1]  # from the environment, not argv
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {
+        "name": "fp-shared-state",
+        "key": "password",
+    }
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert one(docs, "Service", "fp-shared-state")["spec"]["ports"][0]["port"] == 6379
+    assert base64.b64decode(one(docs, "Secret", "fp-shared-state")["data"]["password"])
+    policy = one(docs, "NetworkPolicy", "fp-shared-state")
+    assert (
+        policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][
+            "app.kubernetes.io/component"
+        ]
+        == "gateway"
+    )
+    pdb = one(docs, "PodDisruptionBudget", "fp-gateway")
+    assert pdb["spec"]["minAvailable"] == 1
+    # the operator writes sharedState into gateway.yaml; the gateways get the password file
+    operator = env_of(one(docs, "Deployment", "fp-operator"))
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_URL"] == "redis://fp-shared-state.serving:6379/0"
+    assert operator["FAIRPOOL_GATEWAY_REPLICAS"] == "3"
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_PASSWORD"] == "true"
+    gateway = one(docs, "Deployment", "fp-gateway")
+    assert gateway["spec"]["replicas"] == 3
+    contract = pytest.importorskip("fairpool_operator.contract")
+    assert mounts_of(gateway)["shared-state"] + "/password" == contract.SHARED_STATE_PASSWORD_PATH
+    for version in KUBE_VERSIONS:
+        validate_all(docs, version)
+
+
+@needs_helm
+def test_several_gateway_pods_with_an_external_server_and_one_pod_with_none(tmp_path):
+    url = "rediss://cache.internal:6380/2"
+    docs = render(tmp_path, {"gateway": {"replicas": 2, "sharedState": {"url": url}}})
+    assert not by_kind(docs, "StatefulSet")
+    operator = env_of(one(docs, "Deployment", "fp-operator"))
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_URL"] == url
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_PASSWORD"] == "false"
+    assert "shared-state" not in mounts_of(one(docs, "Deployment", "fp-gateway"))
+    assert by_kind(docs, "PodDisruptionBudget")
+    single = render(tmp_path, {"gateway": {"replicas": 1}})
+    assert not by_kind(single, "StatefulSet") and not by_kind(single, "PodDisruptionBudget")
+    assert "FAIRPOOL_GATEWAY_SHARED_STATE_URL" not in env_of(
+        one(single, "Deployment", "fp-operator")
+    )

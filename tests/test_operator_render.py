@@ -17,6 +17,7 @@ import yaml
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.rendering import engine_arguments
+from fairpool.sched.errors import ConfigError
 from fairpool_cli.local.plan import HOST, engine_process, fairpool_command
 from fairpool_cli.main import main
 from fairpool_operator import contract
@@ -589,3 +590,21 @@ def test_rendering_is_deterministic() -> None:
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(item for item in status["conditions"] if item["type"] == kind)
+
+
+def test_several_gateway_pods_get_the_shared_state_in_gateway_yaml():
+    """What the chart sets for gateway.replicas > 1 reaches the gateway's configuration."""
+    environment = {
+        contract.SHARED_STATE_URL_ENV: "redis://fp-shared-state.serving:6379/0",
+        contract.GATEWAY_REPLICAS_ENV: "3",
+        contract.SHARED_STATE_PASSWORD_ENV: "true",
+    }
+    config = OperatorConfig.from_environment(environment, namespace="serving")
+    shared = plan_namespace([pool_body()], [], {}, config).gateway.shared_state
+    assert shared is not None
+    assert (shared.url, shared.replicas) == ("redis://fp-shared-state.serving:6379/0", 3)
+    assert shared.password_file == contract.SHARED_STATE_PASSWORD_PATH
+    assert plan_namespace([pool_body()], [], {}, CONFIG).gateway.shared_state is None
+    with pytest.raises(ConfigError) as error:
+        OperatorConfig.from_environment({contract.GATEWAY_REPLICAS_ENV: "two"})
+    assert error.value.parameter == contract.GATEWAY_REPLICAS_ENV

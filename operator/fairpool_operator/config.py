@@ -30,6 +30,20 @@ class OperatorConfig:
     #: Render multi-stage chains as LeaderWorkerSets: True, False, or None to detect the
     #: LeaderWorkerSet API when the operator starts (FAIRPOOL_LEADER_WORKER_SET).
     leader_worker_set: bool | None = None
+    #: Several gateway pods share tenant state here (None: one gateway, its own state).
+    shared_state_url: str | None = None
+    gateway_replicas: int = 1
+    #: Whether the gateway pods have the server's password (contract.SHARED_STATE_PASSWORD_PATH).
+    shared_state_password: bool = False
+
+    def shared_state(self) -> dict[str, object] | None:
+        """gateway.yaml's `sharedState`, or None for one gateway."""
+        if self.shared_state_url is None:
+            return None
+        state: dict[str, object] = {"url": self.shared_state_url, "replicas": self.gateway_replicas}
+        if self.shared_state_password:
+            state["passwordFile"] = contract.SHARED_STATE_PASSWORD_PATH
+        return state
 
     def image(self, kind: EngineKind) -> str:
         """The default image of an engine kind (a pool's `engine.image` overrides it)."""
@@ -52,6 +66,9 @@ class OperatorConfig:
             gateway_admin_token_file=env.get(contract.GATEWAY_ADMIN_TOKEN_FILE_ENV) or None,
             served_interval=_seconds(env, contract.SERVED_INTERVAL_ENV, 30.0),
             leader_worker_set=_auto_flag(env, contract.LEADER_WORKER_SET_ENV),
+            shared_state_url=env.get(contract.SHARED_STATE_URL_ENV) or None,
+            gateway_replicas=_count(env, contract.GATEWAY_REPLICAS_ENV, 1),
+            shared_state_password=_auto_flag(env, contract.SHARED_STATE_PASSWORD_ENV) is True,
         )
 
 
@@ -74,6 +91,15 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(name, f"must be > 0, got {text!r}")
     return value
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(name, f"must be a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def _auto_flag(env: Mapping[str, str], name: str) -> bool | None:

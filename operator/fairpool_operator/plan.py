@@ -152,16 +152,16 @@ def plan_namespace(
         if tenant.problem is None:
             tenants.append(entry)
             tenant.in_gateway = True
-    gateway = validate(
-        GatewayConfig,
-        {
-            "listen": contract.GATEWAY_LISTEN,
-            "admin": contract.GATEWAY_ADMIN,
-            "pools": entries,
-            "tenants": tenants,
-        },
-        "gateway configuration",
-    )
+    document: dict[str, object] = {
+        "listen": contract.GATEWAY_LISTEN,
+        "admin": contract.GATEWAY_ADMIN,
+        "pools": entries,
+        "tenants": tenants,
+    }
+    shared_state = config.shared_state()
+    if shared_state is not None:
+        document["sharedState"] = shared_state
+    gateway = validate(GatewayConfig, document, "gateway configuration")
     secret = gateway_secret(gateway, config.namespace, config.gateway_secret)
     return NamespacePlan(pools_planned, tenant_plans, gateway, secret)
 

@@ -114,3 +114,35 @@ podSelector:
   {{- else }} {}
   {{- end }}
 {{- end -}}
+
+{{/* Whether the gateway replicas share state: "true" with more than one, else "". */}}
+{{- define "fairpool.sharedState.enabled" -}}
+{{- if gt (int .Values.gateway.replicas) 1 }}true{{ end -}}
+{{- end -}}
+
+{{/* Whether the chart runs the bundled Valkey: shared state and no url of the user's. */}}
+{{- define "fairpool.sharedState.bundled" -}}
+{{- if and (include "fairpool.sharedState.enabled" .) (not .Values.gateway.sharedState.url) }}true{{ end -}}
+{{- end -}}
+
+{{- define "fairpool.sharedState.name" -}}
+{{- printf "%s-shared-state" (include "fairpool.fullname" .) -}}
+{{- end -}}
+
+{{/* The URL the gateways share: the user's, or the bundled Valkey's Service. */}}
+{{- define "fairpool.sharedState.url" -}}
+{{- if .Values.gateway.sharedState.url -}}
+{{- .Values.gateway.sharedState.url -}}
+{{- else -}}
+{{- printf "redis://%s.%s:6379/0" (include "fairpool.sharedState.name" .) .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the server's password (key `password`), or "" for none. */}}
+{{- define "fairpool.sharedState.secretName" -}}
+{{- if .Values.gateway.sharedState.existingSecret -}}
+{{- .Values.gateway.sharedState.existingSecret -}}
+{{- else if include "fairpool.sharedState.bundled" . -}}
+{{- include "fairpool.sharedState.name" . -}}
+{{- end -}}
+{{- end -}}

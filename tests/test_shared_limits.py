@@ -110,6 +110,29 @@ def test_tokens_are_corrected_to_what_the_engine_served(store):
     asyncio.run(scenario())
 
 
+def test_requests_leave_the_window_when_its_length_has_passed(store):
+    """The buckets expire: a tenant refused for its rate is admitted again once the
+    Retry-After it was given has passed (a 2-second window here)."""
+
+    async def scenario() -> None:
+        a, b = replicas(store)
+        a.window = b.window = 2
+        limits = TenantLimits(requestsPerMinute=2)
+        await admit(a, request("acme", limits))
+        await admit(b, request("acme", limits))
+        with pytest.raises(Rejection) as error:
+            await admit(a, request("acme", limits))
+        assert 0 < error.value.retry_after <= 2
+        await eventually(
+            lambda: admit(b, request("acme", limits)),
+            ignoring=(Rejection,),
+            what="the first requests left the 2-second window",
+        )
+        await close(a, b)
+
+    asyncio.run(scenario())
+
+
 def test_a_replica_that_dies_holding_slots_frees_them_when_its_leases_expire(store):
     async def scenario() -> None:
         dead, alive = replicas(store, lease_seconds=1)

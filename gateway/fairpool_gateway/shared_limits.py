@@ -84,6 +84,7 @@ class SharedLimiter:
     password: str | None = None
     local: TenantLimiter = field(default_factory=TenantLimiter)
     prefix: str = "fairpool"
+    window: int = int(WINDOW_SECONDS)  # seconds; shorter only in tests, as TenantLimiter's
 
     def __post_init__(self) -> None:
         self._client: Any = redis.Redis.from_url(
@@ -153,7 +154,7 @@ class SharedLimiter:
             _limit(limits.tokens_per_minute),
             _limit(limits.concurrent),
             self.spec.lease_seconds,
-            WINDOW_SECONDS,
+            self.window,
         ]
         try:
             answer = await self._script(keys=self._keys(request.tenant), args=arguments)

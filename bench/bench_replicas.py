@@ -8,7 +8,7 @@ N `fairpool gateway` processes with one configuration (`sharedState` naming the 
 `bench_gateway.py`, whose request shapes it reuses (a tenant's own system prompt, a
 120-word question, 64 output tokens, streamed).
 
-Two measurements:
+Three measurements:
 
 1. **Limits** (`limits`). A tenant limited to `--tpm` tokens a minute floods (closed loop,
    `--limit-streams` streams) through 4 replicas, its streams spread evenly, for
@@ -26,6 +26,13 @@ Two measurements:
    benchmark's (`maxOutstanding: 8` per worker; `--max-outstanding` sets another): that
    cap, counted per replica, is what the weights depend on while the fair queue and the
    saturation counts are not shared.
+
+3. **Overhead** (`overhead`). One gateway (pinned to core 1; the worker, the load generator
+   and the Valkey server share core 0), one engine-sim at `--speedup 1000` (model time
+   negligible), with and without `sharedState`, its tenants limited (so every request
+   runs the shared script): open-loop Poisson arrivals at `--rate` (200/s) for
+   `--overhead-seconds`, TTFT and total p50/p99, and a closed loop of 32 streams: requests
+   per second and per core of the gateway.
 
 Results: `bench/results/replicas.json` and `.md`.
 """
@@ -48,9 +55,14 @@ import httpx
 import yaml
 from _common import write_results
 from bench_gateway import (
+    Cpu,
     Flood,
     MakeRequest,
+    closed_loop_results,
     flood_engine_options,
+    latency_row,
+    open_loop_results,
+    pin_self,
     request_maker,
     scrape,
     sender,
@@ -59,6 +71,7 @@ from routers import (
     FAIRPOOL,
     GATEWAY_MAX_OUTSTANDING,
     HOST,
+    EngineOptions,
     FairpoolGateway,
     Process,
     RunningProxy,
@@ -96,6 +109,7 @@ def gateways(
     logs: Path,
     limits: dict[str, Any] | None = None,
     max_outstanding: int = GATEWAY_MAX_OUTSTANDING,
+    cores: str | None = None,
 ) -> Iterator[list[RunningProxy]]:
     """`count` gateways with one configuration, each ready on its own port."""
     started: list[RunningProxy] = []
@@ -265,11 +279,95 @@ async def measure_weights(
     }
 
 
+# ---------------------------------------------------------------------- overhead
+
+OVERHEAD_TENANTS = [Tenant("a"), Tenant("b")]
+#: Limits every request is checked against, none of them reached.
+GENEROUS = {"requestsPerMinute": 10_000_000, "tokensPerMinute": 10_000_000_000}
+
+
+def run_overhead(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    rows = []
+    pin_self("0")
+    options = EngineOptions(speedup=1000.0, memory_tokens=32_768)
+    engines = start_engines(1, options, "0", logs)
+    try:
+        for shared in (False, True):
+            with contextlib.ExitStack() as stack:
+                store = stack.enter_context(LocalStore()) if shared else None
+                (running,) = stack.enter_context(
+                    gateways(1, [engines[0].url], OVERHEAD_TENANTS, store, logs, GENEROUS, 64, "1")
+                )
+                row = asyncio.run(measure_overhead(settings, running, engines))
+            rows.append({"shared": shared, **row})
+            say(
+                f"overhead, shared={shared}: TTFT p50 {row['latency']['ttft']['p50_ms']:.2f} ms, "
+                f"{row['max']['achieved_per_s']:.0f} req/s"
+            )
+    finally:
+        for engine in engines:
+            engine.stop()
+    return rows
+
+
+async def measure_overhead(
+    settings: argparse.Namespace, running: RunningProxy, engines: list[Process]
+) -> dict[str, Any]:
+    make = request_maker(PROXY, OVERHEAD_TENANTS, "chat", 4, 8)
+    client = sender(*running.targets[0])
+    try:
+        await open_loop_results(client, make, settings.rate, 3.0, seed=7)  # warm-up
+        results = await open_loop_results(
+            client, make, settings.rate, settings.overhead_seconds, seed=1
+        )
+        latency = latency_row(results, settings.overhead_seconds)
+        before, started = Cpu.now(running, engines), time.perf_counter()
+        results = await closed_loop_results(client, make, 32, settings.overhead_seconds / 2)
+        elapsed = time.perf_counter() - started
+        cpu = Cpu.now(running, engines).since(before)
+    finally:
+        await client.close()
+    closed = {**latency_row(results, elapsed), **cpu}
+    closed["req_per_s_per_gateway_core"] = (
+        round(closed["achieved_per_s"] / closed["proxy_cpu_cores"])
+        if closed["proxy_cpu_cores"]
+        else None
+    )
+    return {"latency": latency, "max": closed}
+
+
 # ---------------------------------------------------------------------- report
+
+
+def overhead_table(rows: list[dict[str, Any]], rate: float) -> list[str]:
+    local = next(row for row in rows if not row["shared"])
+    lines = [
+        f"### What sharing state costs one gateway ({rate:g} req/s open loop; 32 streams)",
+        "",
+        "| state | TTFT p50 / p99 ms | total p50 / p99 ms | added p50 / p99 ms | errors "
+        "| req/s (32 streams) | per gateway core | vs own state |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        ttft, total = row["latency"]["ttft"], row["latency"]["total"]
+        base = local["latency"]["ttft"]
+        per_core = row["max"]["req_per_s_per_gateway_core"] or 0
+        base_core = local["max"]["req_per_s_per_gateway_core"] or 1
+        lines.append(
+            f"| {'shared (Valkey)' if row['shared'] else 'its own'} | "
+            f"{ttft['p50_ms']:.2f} / {ttft['p99_ms']:.2f} | "
+            f"{total['p50_ms']:.2f} / {total['p99_ms']:.2f} | "
+            f"{ttft['p50_ms'] - base['p50_ms']:+.2f} / {ttft['p99_ms'] - base['p99_ms']:+.2f} | "
+            f"{row['latency']['errors'] + row['max']['errors']} | "
+            f"{row['max']['achieved_per_s']:,.0f} | {per_core:,} | {per_core / base_core:.2f}× |"
+        )
+    return [*lines, ""]
 
 
 def table(results: dict[str, Any]) -> str:
     lines = []
+    if results.get("overhead"):
+        lines += overhead_table(results["overhead"], results["settings"]["rate"])
     limits = results.get("limits") or []
     if limits:
         lines += [
@@ -309,7 +407,11 @@ def table(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="limits,weights", help="limits, weights")
+    parser.add_argument(
+        "--cases", default="overhead,limits,weights", help="overhead, limits, weights"
+    )
+    parser.add_argument("--rate", type=float, default=200.0, help="overhead: requests/s")
+    parser.add_argument("--overhead-seconds", type=float, default=20.0)
     parser.add_argument("--tpm", type=int, default=20_000, help="the limited tenant's limit")
     parser.add_argument("--limit-streams", type=int, default=16)
     parser.add_argument("--limit-seconds", type=float, default=20.0)
@@ -329,10 +431,13 @@ def main(argv: list[str] | None = None) -> None:
     settings.replicas = [int(value) for value in settings.replicas.split(",")]
     if settings.quick:
         settings.limit_seconds, settings.warmup, settings.window = 5.0, 3.0, 5.0
+        settings.overhead_seconds = 4.0
     cases = set(settings.cases.split(","))
     logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     results: dict[str, Any] = {"settings": {k: v for k, v in vars(settings).items()}}
     try:
+        if "overhead" in cases:
+            results["overhead"] = run_overhead(settings, logs)
         if "limits" in cases:
             results["limits"] = run_limits(settings, logs)
         if "weights" in cases:

@@ -13,7 +13,7 @@ the server, one round trip per request phase:
   step on the server, and what a request may add is bounded before it is counted.
 - **settle**, when the front settles the request: the lease released and the tokens
   corrected to what the engine reported. It needs no answer, so the request does not
-  wait for it.
+  wait for it, and the settlements of one turn of the event loop go in one pipeline.
 - **renew**, every `leaseSeconds / 3` for the requests this replica still serves: leases
   that nobody renews (a replica killed mid-stream) expire and free their slots.
 
@@ -100,6 +100,7 @@ class SharedLimiter:
         self._refused: dict[str, tuple[float, Rejection]] = {}  # tenant → until, why
         self._down: _Down | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._settlements: list[tuple[str, list[str | int | float]]] = []  # to send
         self._renewer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -217,7 +218,9 @@ class SharedLimiter:
             ticket.estimated_tokens,
             served,
         ]
-        self._spawn(self._call(ticket.tenant, arguments))
+        self._settlements.append((ticket.tenant, arguments))
+        if len(self._settlements) == 1:  # the first since the last flush: flush them soon
+            self._spawn(self._flush_settlements())
 
     def forget(self, request_id: str) -> None:
         """A reservation that never reached the front (the request failed in between)."""
@@ -249,6 +252,19 @@ class SharedLimiter:
     async def _call(self, tenant: str, arguments: list[str | int | float]) -> None:
         try:
             await self._script(keys=self._keys(tenant), args=arguments)
+        except (TimeoutError, RedisError, OSError) as error:
+            self._went_down(error)
+
+    async def _flush_settlements(self) -> None:
+        """Send the settlements made until the event loop comes back here, in one round
+        trip (a pipeline): a settlement needs no answer, so many share one."""
+        await asyncio.sleep(0)
+        batch, self._settlements = self._settlements, []
+        pipeline = self._client.pipeline(transaction=False)
+        for tenant, arguments in batch:
+            await self._script(keys=self._keys(tenant), args=arguments, client=pipeline)
+        try:
+            await pipeline.execute()
         except (TimeoutError, RedisError, OSError) as error:
             self._went_down(error)
 

@@ -8,7 +8,7 @@ N `fairpool gateway` processes with one configuration (`sharedState` naming the 
 `bench_gateway.py`, whose request shapes it reuses (a tenant's own system prompt, a
 120-word question, 64 output tokens, streamed).
 
-Three measurements:
+Four measurements:
 
 1. **Limits** (`limits`). A tenant limited to `--tpm` tokens a minute floods (closed loop,
    `--limit-streams` streams) through 4 replicas, its streams spread evenly, for
@@ -33,6 +33,15 @@ Three measurements:
    runs the shared script): open-loop Poisson arrivals at `--rate` (200/s) for
    `--overhead-seconds`, TTFT and total p50/p99, and a closed loop of 32 streams: requests
    per second and per core of the gateway.
+
+4. **Outage** (`outage`). Two replicas sharing state, a tenant flooding through both
+   (`--limit-streams` streams, under a concurrency limit of as many: the clients here
+   retry a refusal at once, with no back-off, and a limit they kept hitting would have
+   them flood the gateways with refusals) for
+   `--outage-seconds` × 3: after the first third the Valkey server is stopped for a
+   third, then started again. Requests that failed (neither answered nor refused by a
+   limit), and the seconds from the server's return until both replicas count in it
+   again (`fairpool_gateway_shared_state_up` 1 on their admin ports, polled every 0.1 s).
 
 Results: `bench/results/replicas.json` and `.md`.
 """
@@ -279,6 +288,75 @@ async def measure_weights(
     }
 
 
+# ---------------------------------------------------------------------- outage
+
+
+def run_outage(settings: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    engines = start_engines(2, flood_engine_options({}, "vtc"), None, logs)
+    try:
+        with (
+            LocalStore() as store,
+            gateways(
+                2,
+                [e.url for e in engines],
+                [LIMITED],
+                store,
+                logs,
+                {"concurrent": settings.limit_streams},
+                64,
+            ) as running,
+        ):
+            row = asyncio.run(measure_outage(settings, running, store))
+    finally:
+        for engine in engines:
+            engine.stop()
+    say(f"outage: {row['failed']} failed, back in {row['recovered_after_s']} s")
+    return row
+
+
+async def shared_up(http: httpx.AsyncClient, running: list[RunningProxy]) -> bool:
+    for proxy in running:
+        assert proxy.config is not None
+        text = (await http.get(f"http://{HOST}:{proxy.config['admin']['port']}/metrics")).text
+        if "fairpool_gateway_shared_state_up 1.0" not in text:
+            return False
+    return True
+
+
+async def measure_outage(
+    settings: argparse.Namespace, running: list[RunningProxy], store: LocalStore
+) -> dict[str, Any]:
+    make = request_maker(PROXY, [LIMITED], "chat", MAX_TOKENS, WORDS)
+    targets = [proxy.targets[0] for proxy in running]
+    load = Flood({LIMITED.name: (settings.limit_streams, make)})
+    task = asyncio.create_task(load.run(lambda index: sender(*targets[index % len(targets)])))
+    third = settings.outage_seconds
+    recovered: float | None = None
+    async with httpx.AsyncClient(timeout=5) as http:
+        await asyncio.sleep(third)
+        await asyncio.to_thread(store.stop)
+        await asyncio.sleep(third)
+        await asyncio.to_thread(store.start)
+        back = time.monotonic()
+        while time.monotonic() < back + third:
+            if await shared_up(http, running):
+                recovered = round(time.monotonic() - back, 2)
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(max(0.0, back + third - time.monotonic()))
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    failed = [r for r in load.results if not r.ok and r.status != 429]
+    return {
+        "seconds_each": third,
+        "answered": sum(1 for r in load.results if r.ok),
+        "refused_by_limits": sum(1 for r in load.results if r.status == 429),
+        "failed": len(failed),
+        "first_failures": sorted({f"{r.status} {r.error}" for r in failed})[:3],
+        "recovered_after_s": recovered,
+    }
+
+
 # ---------------------------------------------------------------------- overhead
 
 OVERHEAD_TENANTS = [Tenant("a"), Tenant("b")]
@@ -366,6 +444,19 @@ def overhead_table(rows: list[dict[str, Any]], rate: float) -> list[str]:
 
 def table(results: dict[str, Any]) -> str:
     lines = []
+    outage = results.get("outage")
+    if outage:
+        back = outage["recovered_after_s"]
+        lines += [
+            f"### The shared state stopped for {outage['seconds_each']:g} s during a flood "
+            "through 2 replicas",
+            "",
+            "| answered | refused by a limit | failed | shared again after the server's return |",
+            "|---:|---:|---:|---:|",
+            f"| {outage['answered']} | {outage['refused_by_limits']} | {outage['failed']} | "
+            + (f"{back:g} s |" if back is not None else "not within the run |"),
+            "",
+        ]
     if results.get("overhead"):
         lines += overhead_table(results["overhead"], results["settings"]["rate"])
     limits = results.get("limits") or []
@@ -408,8 +499,11 @@ def table(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--cases", default="overhead,limits,weights", help="overhead, limits, weights"
+        "--cases",
+        default="overhead,limits,outage,weights",
+        help="overhead, limits, outage, weights",
     )
+    parser.add_argument("--outage-seconds", type=float, default=10.0, help="each third")
     parser.add_argument("--rate", type=float, default=200.0, help="overhead: requests/s")
     parser.add_argument("--overhead-seconds", type=float, default=20.0)
     parser.add_argument("--tpm", type=int, default=20_000, help="the limited tenant's limit")
@@ -432,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     if settings.quick:
         settings.limit_seconds, settings.warmup, settings.window = 5.0, 3.0, 5.0
         settings.overhead_seconds = 4.0
+        settings.outage_seconds = 3.0
     cases = set(settings.cases.split(","))
     logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     results: dict[str, Any] = {"settings": {k: v for k, v in vars(settings).items()}}
@@ -440,6 +535,8 @@ def main(argv: list[str] | None = None) -> None:
             results["overhead"] = run_overhead(settings, logs)
         if "limits" in cases:
             results["limits"] = run_limits(settings, logs)
+        if "outage" in cases:
+            results["outage"] = run_outage(settings, logs)
         if "weights" in cases:
             results["weights"] = run_weights(settings, logs)
     finally:

@@ -102,6 +102,7 @@ class SharedLimiter:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._settlements: list[tuple[str, list[str | int | float]]] = []  # to send
         self._renewer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # set when the server goes away
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -286,12 +287,15 @@ class SharedLimiter:
                 reason,
             )
             self._down = _Down(time.monotonic(), reason)
+            self._wake.set()  # start trying again now, not after the renewal interval
 
     async def _renew_forever(self) -> None:
         while True:
             if self._down is None:
                 await self._renew()
-                await asyncio.sleep(self.spec.lease_seconds / 3)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.spec.lease_seconds / 3)
             else:
                 await asyncio.sleep(RETRY_INTERVAL)
                 await self._try_again()

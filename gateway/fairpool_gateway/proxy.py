@@ -89,10 +89,6 @@ class UpstreamTimeout(Exception):
     """No answer (or no next chunk) within the timeout."""
 
 
-#: Tries of a request whose kept-alive connection turns out closed before any answer.
-STALE_CONNECTION_ATTEMPTS = 3
-
-
 def upstream_session() -> aiohttp.ClientSession:
     """One pool of keep-alive connections to every worker (call inside the event loop)."""
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -115,16 +111,12 @@ async def send(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
     try:
         async with asyncio.timeout(answer_timeout):
-            for attempt in range(STALE_CONNECTION_ATTEMPTS):
-                try:
-                    response = await session.post(url, data=body, headers=headers, timeout=timeout)
-                    break
-                except aiohttp.ServerDisconnectedError:
-                    # A kept-alive connection the engine had closed (as uvicorn does after a
-                    # 500) fails the first request sent on it, and is dropped from the pool;
-                    # the pool may hold a few such, so try again, up to a new connection.
-                    if attempt + 1 == STALE_CONNECTION_ATTEMPTS:
-                        raise
+            try:
+                response = await session.post(url, data=body, headers=headers, timeout=timeout)
+            except aiohttp.ServerDisconnectedError:
+                # A kept-alive connection the engine had closed (as uvicorn does after a
+                # 500) fails the first request sent on it; a new connection is the retry.
+                response = await session.post(url, data=body, headers=headers, timeout=timeout)
     except TimeoutError:
         raise UpstreamTimeout(f"no answer within {answer_timeout:g} s") from None
     except aiohttp.ClientError as error:  # refused, reset, dropped before the headers

@@ -4,6 +4,7 @@ fixed."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -47,7 +48,9 @@ class CloseAfterAFailure:
     500; a request on a new connection gets a whole completion. /health answers 200."""
 
     def __init__(self) -> None:
-        self.failed_on: set[int] = set()  # the connection of the 500 (its id)
+        # The connection of the 500, the socket itself: an id() would be reused by a later
+        # socket once this one is gone, and that connection would be closed too.
+        self.failed_on: set[socket.socket] = set()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,11 +61,11 @@ class CloseAfterAFailure:
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
-                if id(self.connection) in server.failed_on:
+                if self.connection in server.failed_on:
                     self.close_connection = True  # the closed connection, reused
                     return
                 if not server.failed_on:
-                    server.failed_on.add(id(self.connection))
+                    server.failed_on.add(self.connection)
                     self.answer(500, b"Internal Server Error")
                     return
                 usage = b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}'

@@ -73,8 +73,9 @@ class Up:
             self.output.append(line)
 
     def wait_ready(self) -> None:
-        """Until `fairpool up` says it is up (it has seen every process answer)."""
-        wait_until(lambda: any("fairpool is up" in line for line in self.output))
+        """Until `fairpool up` says it is up (it has seen every process answer) and has
+        printed the whole banner, whose last line is how to stop it."""
+        wait_until(lambda: any("Ctrl-C stops everything" in line for line in self.output))
 
     def ready(self) -> bool:
         assert self.process.poll() is None, "".join(self.output)

@@ -145,6 +145,25 @@ def gateways(
             running.stop()
 
 
+@contextlib.contextmanager
+def started_engines(
+    count: int, options: EngineOptions, cores: str | None, logs: Path
+) -> Iterator[list[Process]]:
+    """`count` engine-sim workers for the `with` block, stopped after it."""
+    engines = start_engines(count, options, cores, logs)
+    try:
+        yield engines
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def spread_over(running: list[RunningProxy]) -> Any:
+    """Each client stream's sender, the streams spread evenly over the replicas."""
+    targets = [proxy.targets[0] for proxy in running]
+    return lambda index: sender(*targets[index % len(targets)])
+
+
 async def flood(
     streams: dict[str, tuple[int, MakeRequest]],
     client_for: Any,
@@ -164,8 +183,7 @@ async def flood(
 
 def run_limits(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
     rows = []
-    engines = start_engines(2, flood_engine_options({}, "vtc"), None, logs)
-    try:
+    with started_engines(2, flood_engine_options({}, "vtc"), None, logs) as engines:
         workers = [engine.url for engine in engines]
         for shared in (True, False):
             with contextlib.ExitStack() as stack:
@@ -175,9 +193,6 @@ def run_limits(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]
                 )
                 rows.append(asyncio.run(measure_limit(settings, running, shared)))
                 say(f"limits, shared={shared}: {rows[-1]['reserved_tokens']:,} tokens admitted")
-    finally:
-        for engine in engines:
-            engine.stop()
     return rows
 
 
@@ -185,11 +200,8 @@ async def measure_limit(
     settings: argparse.Namespace, running: list[RunningProxy], shared: bool
 ) -> dict[str, Any]:
     make = request_maker(PROXY, [LIMITED], "chat", MAX_TOKENS, WORDS)
-    targets = [proxy.targets[0] for proxy in running]
     load = await flood(
-        {LIMITED.name: (settings.limit_streams, make)},
-        lambda index: sender(*targets[index % len(targets)]),
-        settings.limit_seconds,
+        {LIMITED.name: (settings.limit_streams, make)}, spread_over(running), settings.limit_seconds
     )
     admitted = [result for result in load.results if result.ok]
     refused = [result for result in load.results if result.status == 429]
@@ -217,23 +229,19 @@ def run_weights(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]
     weights = {GOLD.name: GOLD.weight, BRONZE.name: BRONZE.weight}
     for replicas in settings.replicas:
         for layout in ("skewed", "spread") if replicas > 1 else ("skewed",):
-            engines = start_engines(2, flood_engine_options(weights, "vtc"), None, logs)
-            try:
-                with (
-                    LocalStore() as store,
-                    gateways(
-                        replicas,
-                        [e.url for e in engines],
-                        [GOLD, BRONZE],
-                        store,
-                        logs,
-                        max_outstanding=settings.max_outstanding,
-                    ) as running,
-                ):
-                    row = asyncio.run(measure_weights(settings, running, engines, layout))
-            finally:
-                for engine in engines:
-                    engine.stop()
+            with (
+                started_engines(2, flood_engine_options(weights, "vtc"), None, logs) as engines,
+                LocalStore() as store,
+                gateways(
+                    replicas,
+                    [e.url for e in engines],
+                    [GOLD, BRONZE],
+                    store,
+                    logs,
+                    max_outstanding=settings.max_outstanding,
+                ) as running,
+            ):
+                row = asyncio.run(measure_weights(settings, running, engines, layout))
             rows.append(row)
             say(f"weights, {replicas} replica(s), {layout}: gold:bronze {row['ratio']:.2f}")
     base = next(row for row in rows if row["replicas"] == 1)
@@ -248,13 +256,11 @@ async def measure_weights(
     engines: list[Process],
     layout: str,
 ) -> dict[str, Any]:
-    targets = [proxy.targets[0] for proxy in running]
-
     def through(tenant: Tenant) -> Any:
         if layout == "spread":
-            return lambda index: sender(*targets[index % len(targets)])
-        own = targets[0] if tenant is GOLD else targets[-1]
-        return lambda index: sender(*own)
+            return spread_over(running)
+        own = running[0] if tenant is GOLD else running[-1]
+        return spread_over([own])
 
     makes = {t.name: request_maker(PROXY, [t], "chat", MAX_TOKENS, WORDS) for t in (GOLD, BRONZE)}
     clients = {GOLD.name: through(GOLD), BRONZE.name: through(BRONZE)}
@@ -292,24 +298,20 @@ async def measure_weights(
 
 
 def run_outage(settings: argparse.Namespace, logs: Path) -> dict[str, Any]:
-    engines = start_engines(2, flood_engine_options({}, "vtc"), None, logs)
-    try:
-        with (
-            LocalStore() as store,
-            gateways(
-                2,
-                [e.url for e in engines],
-                [LIMITED],
-                store,
-                logs,
-                {"concurrent": settings.limit_streams},
-                64,
-            ) as running,
-        ):
-            row = asyncio.run(measure_outage(settings, running, store))
-    finally:
-        for engine in engines:
-            engine.stop()
+    with (
+        started_engines(2, flood_engine_options({}, "vtc"), None, logs) as engines,
+        LocalStore() as store,
+        gateways(
+            2,
+            [e.url for e in engines],
+            [LIMITED],
+            store,
+            logs,
+            {"concurrent": settings.limit_streams},
+            64,
+        ) as running,
+    ):
+        row = asyncio.run(measure_outage(settings, running, store))
     say(f"outage: {row['failed']} failed, back in {row['recovered_after_s']} s")
     return row
 
@@ -327,9 +329,8 @@ async def measure_outage(
     settings: argparse.Namespace, running: list[RunningProxy], store: LocalStore
 ) -> dict[str, Any]:
     make = request_maker(PROXY, [LIMITED], "chat", MAX_TOKENS, WORDS)
-    targets = [proxy.targets[0] for proxy in running]
     load = Flood({LIMITED.name: (settings.limit_streams, make)})
-    task = asyncio.create_task(load.run(lambda index: sender(*targets[index % len(targets)])))
+    task = asyncio.create_task(load.run(spread_over(running)))
     third = settings.outage_seconds
     recovered: float | None = None
     async with httpx.AsyncClient(timeout=5) as http:
@@ -368,8 +369,7 @@ def run_overhead(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any
     rows = []
     pin_self("0")
     options = EngineOptions(speedup=1000.0, memory_tokens=32_768)
-    engines = start_engines(1, options, "0", logs)
-    try:
+    with started_engines(1, options, "0", logs) as engines:
         for shared in (False, True):
             with contextlib.ExitStack() as stack:
                 store = stack.enter_context(LocalStore()) if shared else None
@@ -382,9 +382,6 @@ def run_overhead(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any
                 f"overhead, shared={shared}: TTFT p50 {row['latency']['ttft']['p50_ms']:.2f} ms, "
                 f"{row['max']['achieved_per_s']:.0f} req/s"
             )
-    finally:
-        for engine in engines:
-            engine.stop()
     return rows
 
 

@@ -97,9 +97,11 @@ $(ROUTERS_STAMP):
 	$(ROUTERS_VENV)/bin/pip install --quiet sglang-router==0.3.2 vllm-router==0.1.17
 	touch $(ROUTERS_STAMP)
 
-## The gateway against a direct connection, SGLang's router and vllm-router (~15 minutes).
+## The gateway against a direct connection, SGLang's router and vllm-router (~20 minutes):
+## latency, throughput and fairness, then the latency-vs-concurrency sweep.
 bench-gateway: $(STAMP) $(ROUTERS_STAMP)
 	$(BIN)/python bench/bench_gateway.py
+	$(BIN)/python bench/bench_gateway.py --cases sweep
 
 ## The gateway under good and hostile traffic for 10 minutes: RSS and slots in bench/results/.
 bench-soak: $(STAMP)
@@ -111,10 +113,10 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_routing.py --quick > /dev/null
 	$(BIN)/python bench/bench_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_engine_sim.py --quick > /dev/null
-	$(BIN)/python bench/bench_gateway.py --quick > /dev/null
+	$(BIN)/python bench/bench_gateway.py --quick --cases latency,max,sweep,fairness > /dev/null
 	$(BIN)/python bench/bench_soak.py --quick > /dev/null
 	$(BIN)/python bench/bench_kv_fairness.py --quick > /dev/null
-	$(BIN)/python bench/bench_replicas.py --quick --replicas 1,2 --cases weights > /dev/null
+	$(BIN)/python bench/bench_replicas.py --quick --replicas 1,2 --cases weights,processes > /dev/null
 	@echo "bench-smoke: ok"
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.

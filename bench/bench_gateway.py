@@ -12,7 +12,7 @@ proxies are the table `routers.PROXIES` (`direct`, `sglang-router`, `vllm-router
 `fairpool`); an entry that cannot run here (no `.venv-routers`, no `fairpool gateway`)
 is skipped with the reason, and the results say so.
 
-Three measurements, each for every proxy:
+Four measurements, each for every proxy:
 
 1. **Added latency** (`latency`). A fresh worker for each proxy (engine-sim at
    `--speedup 1000`, so model time is negligible and what is left is the HTTP path;
@@ -52,6 +52,12 @@ Three measurements, each for every proxy:
    Through SGLang's router and vllm-router the tenant reaches the engines only as the
    body's `vllm_xargs` tag, so the engines are fair among what each of them receives;
    through fairpool the gateway maps each tenant's API key to it.
+
+4. **Added latency vs concurrency** (`sweep`; a run of its own, `--cases sweep`, recorded
+   as `gateway-sweep`). The latency case's fresh worker and requests (streamed chat,
+   `--max-tokens` output tokens), closed loops of 1, 4, 16 and 64 streams (`--sweep`) for
+   10 seconds each after a second's warm-up: TTFT and total p50/p99, and what the proxy
+   adds to the direct run's quantiles at the same concurrency.
 
 The load generator is `fairpool load`'s (`fairpool_cli.load`): its `Sender` (HTTP/1.1 on
 asyncio protocols, reading only the first byte, the end and the usage of a stream),
@@ -124,6 +130,8 @@ from fairpool_cli.load import (
 
 GOAL_ADDED_P99_MS = 1.0
 GOAL_RATE = 500.0
+#: What a run measures unless `--cases` says otherwise (the sweep is its own run).
+DEFAULT_CASES = ("latency", "max", "fairness")
 SYSTEM = "You are a helpful assistant who answers questions about the report below. " * 8
 VOCABULARY = (
     "report revenue quarter growth margin region customer product market share cost "
@@ -153,6 +161,9 @@ class Settings:
     latency_memory_tokens: int | None = LATENCY_MEMORY_TOKENS
     concurrency: int = 32
     max_duration: float = 15.0
+    #: the concurrency sweep: closed loops of these many streams, `sweep_duration` s each
+    sweep: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    sweep_duration: float = 10.0
     max_tokens_max: int = 4
     flood_workers: int = 4
     flood: int = 96
@@ -440,6 +451,45 @@ async def measure_max(
     return row
 
 
+async def measure_sweep(
+    running: RunningProxy, engines: list[Process], settings: Settings, concurrency: int
+) -> dict[str, Any]:
+    """Closed loop with `concurrency` streams through `running`, the latency case's
+    requests (streamed chat, `settings.max_tokens` output tokens)."""
+    client = sender(*running.targets[0])
+    make = request_maker(running.proxy, LATENCY_TENANTS, "chat", settings.max_tokens, 8)
+    try:
+        await closed_loop_results(client, make, concurrency, min(1.0, settings.sweep_duration))
+        before = Cpu.now(running, engines)
+        started = now()
+        results = await closed_loop_results(client, make, concurrency, settings.sweep_duration)
+        elapsed = now() - started
+        cpu = Cpu.now(running, engines).since(before)
+    finally:
+        await client.close()
+    return {"concurrency": concurrency, **latency_row(results, elapsed), **cpu}
+
+
+def add_differences(rows: list[dict[str, Any]], key: str) -> None:
+    """Each proxy's row gets `added_ms`: its p50 and p99 minus the first direct run's at
+    the same `key` (rate, or concurrency)."""
+    for row in rows:
+        base = next(
+            (
+                other
+                for other in rows
+                if other["proxy"] == "direct" and other.get(key) == row.get(key)
+            ),
+            None,
+        )
+        if base is not None and "ttft" in row and row is not base:
+            row["added_ms"] = {
+                f"{metric}_{q}": round(row[metric][f"{q}_ms"] - base[metric][f"{q}_ms"], 3)
+                for metric in ("ttft", "total")
+                for q in ("p50", "p99")
+            }
+
+
 # ---------------------------------------------------------------------- fairness
 
 
@@ -645,7 +695,7 @@ def run_latency_and_max(
     proxies: list[Proxy], settings: Settings, cases: set[str]
 ) -> dict[str, list[dict[str, Any]]]:
     """A fresh worker for each proxy (same state for all); `direct` first and again last."""
-    rows: dict[str, list[dict[str, Any]]] = {"latency": [], "max": []}
+    rows: dict[str, list[dict[str, Any]]] = {"latency": [], "max": [], "sweep": []}
     order = [PROXIES["direct"], *[p for p in proxies if p.name != "direct"], PROXIES["direct"]]
     for index, proxy in enumerate(order):
         label = "direct (again)" if index == len(order) - 1 else proxy.label
@@ -662,6 +712,11 @@ def run_latency_and_max(
                     row = asyncio.run(measure_latency(running, engines, settings, rate))
                     rows["latency"].append({"proxy": label, **row})
                     say(f"  {brief(row)}")
+                for concurrency in settings.sweep if "sweep" in cases else []:
+                    say(f"{label}: closed loop, {concurrency} streams")
+                    row = asyncio.run(measure_sweep(running, engines, settings, concurrency))
+                    rows["sweep"].append({"proxy": label, **row})
+                    say(f"  {brief(row)}")
                 if "max" in cases and index < len(order) - 1:
                     say(f"{label}: closed loop, {settings.concurrency} streams")
                     row = asyncio.run(measure_max(running, engines, settings))
@@ -673,21 +728,8 @@ def run_latency_and_max(
         finally:
             for engine in engines:
                 engine.stop()
-    for row in rows["latency"]:
-        base = next(
-            (
-                other
-                for other in rows["latency"]
-                if other["proxy"] == "direct" and other.get("rate") == row.get("rate")
-            ),
-            None,
-        )
-        if base is not None and "ttft" in row and row is not base:
-            row["added_ms"] = {
-                f"{metric}_{q}": round(row[metric][f"{q}_ms"] - base[metric][f"{q}_ms"], 3)
-                for metric in ("ttft", "total")
-                for q in ("p50", "p99")
-            }
+    add_differences(rows["latency"], "rate")
+    add_differences(rows["sweep"], "concurrency")
     return rows
 
 
@@ -829,6 +871,28 @@ def table(results: dict[str, Any]) -> str:
                 f"{row['client_lag']['p99_ms']:.1f} ms | {row['other_cpu_cores']:.2f} |"
             )
         lines.append("")
+    sweep = results.get("sweep") or []
+    if sweep:
+        lines += [
+            f"### Added latency vs concurrency: closed loop, streamed chat, "
+            f"{results['settings']['max_tokens']} output tokens, one worker",
+            "",
+            "| proxy | streams | req/s | errors | TTFT p50 / p99 ms | total p50 / p99 ms "
+            "| added TTFT p50 / p99 ms | added total p50 / p99 ms | proxy CPU |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in sweep:
+            added = row.get("added_ms")
+            added_ttft = f"{added['ttft_p50']:+.2f} / {added['ttft_p99']:+.2f}" if added else "—"
+            added_total = (
+                f"{added['total_p50']:+.2f} / **{added['total_p99']:+.2f}**" if added else "—"
+            )
+            lines.append(
+                f"| {row['proxy']} | {row['concurrency']} | {row['achieved_per_s']:g} | "
+                f"{row['errors']} | {ms(row, 'ttft')} | {ms(row, 'total')} | {added_ttft} | "
+                f"{added_total} | {row['proxy_cpu_cores']:.2f} |"
+            )
+        lines.append("")
     most = results.get("max") or []
     if most:
         lines += [
@@ -934,7 +998,15 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument(
         "--only", default=None, help=f"proxies, comma-separated: {', '.join(PROXIES)}"
     )
-    parser.add_argument("--cases", default="latency,max,fairness", help="what to measure")
+    parser.add_argument(
+        "--cases",
+        default=",".join(DEFAULT_CASES),
+        help="what to measure: latency, max, fairness (the default), sweep (the "
+        "concurrency sweep, recorded as gateway-sweep when run alone)",
+    )
+    parser.add_argument(
+        "--sweep", default="1,4,16,64", help="sweep: streams, comma-separated (1,4,16,64)"
+    )
     parser.add_argument(
         "--rate", default="500,200", help="latency: requests/s, comma-separated (500,200)"
     )
@@ -973,6 +1045,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
         max_tokens=args.max_tokens,
         latency_memory_tokens=args.latency_memory,
         concurrency=args.concurrency,
+        sweep=[int(streams) for streams in args.sweep.split(",") if streams],
         flood_workers=args.flood_workers,
         flood=args.flood,
         light=args.light,
@@ -992,7 +1065,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
     if args.quick:
         settings.rates = [min(rate, 100.0) for rate in settings.rates[:1]]
         settings.duration, settings.warmup = 2.0, 0.5
-        settings.max_duration = 2.0
+        settings.max_duration = settings.sweep_duration = 2.0
         settings.flood_workers, settings.flood, settings.light = 2, 16, 4
         settings.flood_warmup, settings.flood_window = 2.0, 4.0
     return args, settings
@@ -1042,7 +1115,7 @@ def main(argv: list[str] | None = None) -> None:
         "skipped": skipped,
     }
     try:
-        if cases & {"latency", "max"}:
+        if cases & {"latency", "max", "sweep"}:
             results.update(run_latency_and_max(proxies, settings, cases))
         if "fairness" in cases:
             results["fairness"] = run_fairness(proxies, settings)
@@ -1056,7 +1129,10 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results))
     if settings.quick:
         return
-    partial = bool(skipped) or args.only is not None or cases != {"latency", "max", "fairness"}
+    name = "gateway-sweep" if cases == {"sweep"} else "gateway"
+    partial = bool(skipped) or args.only is not None or cases - {"sweep"} != set(DEFAULT_CASES)
+    if name == "gateway-sweep":
+        partial = bool(skipped) or args.only is not None
     results["partial"] = partial
     notes = [
         "",
@@ -1087,11 +1163,15 @@ def main(argv: list[str] | None = None) -> None:
             + "; ".join(
                 [f"{name} skipped ({reason})" for name, reason in skipped.items()]
                 + ([f"only {args.only}"] if args.only else [])
-                + ([f"cases {', '.join(sorted(cases))}"] if len(cases) < 3 else [])
+                + (
+                    [f"cases {', '.join(sorted(cases))}"]
+                    if name == "gateway" and not cases >= set(DEFAULT_CASES)
+                    else []
+                )
             )
             + ".",
         )
-    path = write_results("gateway", results, table(results) + "\n".join(notes))
+    path = write_results(name, results, table(results) + "\n".join(notes))
     print(f"wrote {path.name} and {path.with_suffix('.md').name} in bench/results/")
 
 

@@ -8,7 +8,7 @@ N `fairpool gateway` processes with one configuration (`sharedState` naming the 
 `bench_gateway.py`, whose request shapes it reuses (a tenant's own system prompt, a
 120-word question, 64 output tokens, streamed).
 
-Four measurements:
+Five measurements:
 
 1. **Limits** (`limits`). A tenant limited to `--tpm` tokens a minute floods (closed loop,
    `--limit-streams` streams) through 4 replicas, its streams spread evenly, for
@@ -23,9 +23,10 @@ Four measurements:
    `--window` seconds: each tenant's service (1 × uncached prompt + 2 × output tokens)
    from the engines' own counters, gold : bronze, and the engines' total service per
    second against the one-replica run's. The gateways' saturation is the flood
-   benchmark's (`maxOutstanding: 8` per worker; `--max-outstanding` sets another): that
-   cap, counted per replica, is what the weights depend on while the fair queue and the
-   saturation counts are not shared.
+   benchmark's (`maxOutstanding: 8` per worker; `--max-outstanding` sets another), with
+   the pool's `fairEngines` off (the cap, counted per replica, is then what the weights
+   depend on) and on (each tenant keeps `tenantWaiting` requests waiting in every engine,
+   whose VTC decides; `--fair-engines off,on`).
 
 3. **Overhead** (`overhead`). One gateway (pinned to core 1; the worker, the load generator
    and the Valkey server share core 0), one engine-sim at `--speedup 1000` (model time
@@ -42,6 +43,13 @@ Four measurements:
    third, then started again. Requests that failed (neither answered nor refused by a
    limit), and the seconds from the server's return until both replicas count in it
    again (`fairpool_gateway_shared_state_up` 1 on their admin ports, polled every 0.1 s).
+
+5. **Processes** (`processes`). One `fairpool gateway --workers N`, N = 1 and 2, no shared
+   state, one engine-sim at `--speedup 1000`: a closed loop of `--process-streams` (64)
+   streamed requests for `--overhead-seconds`, requests per second and the CPU of the
+   gateway's processes, the engine and the load generator. Nothing is pinned: on a
+   two-core machine the gateway's processes share the cores with the engine and the load
+   generator, so the ratio is what a second process gains here, not on an idle core.
 
 Results: `bench/results/replicas.json` and `.md`.
 """
@@ -119,6 +127,8 @@ def gateways(
     limits: dict[str, Any] | None = None,
     max_outstanding: int = GATEWAY_MAX_OUTSTANDING,
     cores: str | None = None,
+    fair_engines: bool = False,
+    processes: int = 1,
 ) -> Iterator[list[RunningProxy]]:
     """`count` gateways with one configuration, each ready on its own port."""
     started: list[RunningProxy] = []
@@ -127,6 +137,7 @@ def gateways(
             port = free_port()
             config = gateway_config(port, free_port(), workers, tenants, None)
             config["pools"][0]["routing"]["saturation"]["maxOutstanding"] = max_outstanding
+            config["pools"][0]["fairEngines"] = fair_engines
             if store is not None:
                 config["sharedState"] = {"url": store.url, "replicas": count}
             if limits:
@@ -134,8 +145,8 @@ def gateways(
                     entry["limits"] = limits
             path = logs / f"gateway-{port}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
-            process = spawn(f"gateway-{port}", [str(FAIRPOOL), "gateway", "--config", str(path)],
-                            None, logs)  # fmt: skip
+            command = [str(FAIRPOOL), "gateway", "--config", str(path), "--workers", str(processes)]
+            process = spawn(f"gateway-{port}", command, cores, logs)
             started.append(RunningProxy(PROXY, [(HOST, port)], process, config))
         for running in started:
             wait_until(lambda r=running: probe(r, tenants[0]), running.process, 60, "gateway")
@@ -225,29 +236,40 @@ async def measure_limit(
 
 
 def run_weights(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
-    rows = []
-    weights = {GOLD.name: GOLD.weight, BRONZE.name: BRONZE.weight}
-    for replicas in settings.replicas:
-        for layout in ("skewed", "spread") if replicas > 1 else ("skewed",):
-            with (
-                started_engines(2, flood_engine_options(weights, "vtc"), None, logs) as engines,
-                LocalStore() as store,
-                gateways(
-                    replicas,
-                    [e.url for e in engines],
-                    [GOLD, BRONZE],
-                    store,
-                    logs,
-                    max_outstanding=settings.max_outstanding,
-                ) as running,
-            ):
-                row = asyncio.run(measure_weights(settings, running, engines, layout))
-            rows.append(row)
-            say(f"weights, {replicas} replica(s), {layout}: gold:bronze {row['ratio']:.2f}")
-    base = next(row for row in rows if row["replicas"] == 1)
+    rows = [
+        weights_row(settings, logs, replicas, layout, fair)
+        for fair in settings.fair_engines
+        for replicas in settings.replicas
+        for layout in (("skewed", "spread") if replicas > 1 else ("skewed",))
+    ]
     for row in rows:
+        fair = row["fair_engines"]
+        base = next(one for one in rows if one["replicas"] == 1 and one["fair_engines"] == fair)
         row["throughput_vs_one"] = round(row["service_per_s"] / base["service_per_s"], 3)
     return rows
+
+
+def weights_row(
+    settings: argparse.Namespace, logs: Path, replicas: int, layout: str, fair: bool
+) -> dict[str, Any]:
+    weights = {GOLD.name: GOLD.weight, BRONZE.name: BRONZE.weight}
+    with (
+        started_engines(2, flood_engine_options(weights, "vtc"), None, logs) as engines,
+        LocalStore() as store,
+        gateways(
+            replicas,
+            [e.url for e in engines],
+            [GOLD, BRONZE],
+            store,
+            logs,
+            max_outstanding=settings.max_outstanding,
+            fair_engines=fair,
+        ) as running,
+    ):
+        row = asyncio.run(measure_weights(settings, running, engines, layout))
+    row["fair_engines"] = fair
+    say(f"weights, {replicas} replica(s), {layout}, fairEngines {fair}: {row['ratio']:.2f}")
+    return row
 
 
 async def measure_weights(
@@ -411,6 +433,44 @@ async def measure_overhead(
     return {"latency": latency, "max": closed}
 
 
+# ---------------------------------------------------------------------- processes
+
+
+def run_processes(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
+    rows = []
+    options = EngineOptions(speedup=1000.0, memory_tokens=32_768)
+    with started_engines(1, options, None, logs) as engines:
+        for processes in (1, 2):
+            with gateways(
+                1, [engines[0].url], OVERHEAD_TENANTS, None, logs, processes=processes
+            ) as (running,):
+                row = asyncio.run(measure_processes(settings, running, engines))
+            rows.append({"processes": processes, **row})
+            say(f"processes {processes}: {row['achieved_per_s']:.0f} req/s")
+    for row in rows:
+        row["vs_one"] = round(row["achieved_per_s"] / rows[0]["achieved_per_s"], 3)
+    return rows
+
+
+async def measure_processes(
+    settings: argparse.Namespace, running: RunningProxy, engines: list[Process]
+) -> dict[str, Any]:
+    """Closed loop of `--process-streams` streams after a warm-up; the client opens a
+    connection per stream, and the kernel spreads the connections over the processes."""
+    make = request_maker(PROXY, OVERHEAD_TENANTS, "chat", 4, 8)
+    streams = settings.process_streams
+    client = sender(*running.targets[0])
+    try:
+        await closed_loop_results(client, make, streams, 2.0)
+        before, started = Cpu.now(running, engines), time.perf_counter()
+        results = await closed_loop_results(client, make, streams, settings.overhead_seconds)
+        elapsed = time.perf_counter() - started
+        cpu = Cpu.now(running, engines).since(before)
+    finally:
+        await client.close()
+    return {**latency_row(results, elapsed), **cpu}
+
+
 # ---------------------------------------------------------------------- report
 
 
@@ -472,22 +532,42 @@ def table(results: dict[str, Any]) -> str:
                 f"{row['vs_limit']:.2f}× |"
             )
         lines.append("")
+    processes = results.get("processes") or []
+    if processes:
+        lines += [
+            "### `fairpool gateway --workers N`: one gateway, N processes, closed loop "
+            f"({results['settings']['process_streams']} streams), "
+            "one engine-sim at `--speedup 1000`, all on this machine's cores",
+            "",
+            "| processes | req/s | vs one | errors | total p50 / p99 ms | gateway CPU "
+            "| engine CPU | load generator CPU |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in processes:
+            lines.append(
+                f"| {row['processes']} | {row['achieved_per_s']:,.0f} | {row['vs_one']:.2f}× | "
+                f"{row['errors']} | {row['total']['p50_ms']:.2f} / {row['total']['p99_ms']:.2f} "
+                f"| {row['proxy_cpu_cores']:.2f} | {row['worker_cpu_cores']:.2f} | "
+                f"{row['client_cpu_cores']:.2f} |"
+            )
+        lines.append("")
     weights = results.get("weights") or []
     if weights:
         lines += [
             "### Weights gold 4 : bronze 1, both flooding, engines VTC with the same weights",
             "",
-            "| replicas | traffic | gold : bronze (engines' service) | service/s | vs one replica "
-            "| errors |",
-            "|---:|---|---:|---:|---:|---:|",
+            "| fairEngines | replicas | traffic | gold : bronze (engines' service) | service/s "
+            "| vs one replica | errors |",
+            "|---|---:|---|---:|---:|---:|---:|",
         ]
         for row in weights:
             traffic = "each tenant through its own" if row["layout"] == "skewed" else "spread"
             if row["replicas"] == 1:
                 traffic = "one gateway"
             lines.append(
-                f"| {row['replicas']} | {traffic} | {row['ratio']:.2f} : 1 | "
-                f"{row['service_per_s']:,.0f} | {row['throughput_vs_one']:.2f}× | {row['errors']} |"
+                f"| {'on' if row.get('fair_engines') else 'off'} | {row['replicas']} | {traffic} "
+                f"| {row['ratio']:.2f} : 1 | {row['service_per_s']:,.0f} "
+                f"| {row['throughput_vs_one']:.2f}× | {row['errors']} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -497,8 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--cases",
-        default="overhead,limits,outage,weights",
-        help="overhead, limits, outage, weights",
+        default="overhead,limits,outage,weights,processes",
+        help="overhead, limits, outage, weights, processes",
     )
     parser.add_argument("--outage-seconds", type=float, default=10.0, help="each third")
     parser.add_argument("--rate", type=float, default=200.0, help="overhead: requests/s")
@@ -508,6 +588,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit-seconds", type=float, default=20.0)
     parser.add_argument("--replicas", default="1,2,4", help="gateway replica counts")
     parser.add_argument("--streams", type=int, default=48, help="streams per tenant")
+    parser.add_argument(
+        "--fair-engines",
+        type=lambda text: [{"on": True, "off": False}[part] for part in text.split(",")],
+        default=[False, True],
+        help="the gateways' fairEngines setting(s): off,on",
+    )
+    parser.add_argument(
+        "--process-streams", type=int, default=64, help="processes: closed-loop streams (64)"
+    )
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument(
@@ -536,6 +625,8 @@ def main(argv: list[str] | None = None) -> None:
             results["outage"] = run_outage(settings, logs)
         if "weights" in cases:
             results["weights"] = run_weights(settings, logs)
+        if "processes" in cases:
+            results["processes"] = run_processes(settings, logs)
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     print(table(results))

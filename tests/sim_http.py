@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -75,3 +75,29 @@ def sse_events(response: httpx.Response) -> list[Any]:
 
 def tenant(name: str) -> dict[str, Any]:
     return {"vllm_xargs": {"fairpool_tenant": name}}
+
+
+class Finishes:
+    """An engine's listener (its runner), passed through; at each request that finishes,
+    in the engine's own order, the service its policy has given each of `tenants` so far
+    and how many requests each still has waiting."""
+
+    def __init__(self, runner: Any, tenants: Iterable[str]) -> None:
+        self.runner = runner
+        self.tenants = tuple(tenants)
+        self.events: list[tuple[dict[str, float], dict[str, int]]] = []
+
+    def admitted(self, engine: Any, request: Any) -> None:
+        self.runner.admitted(engine, request)
+
+    def preempted(self, engine: Any, request: Any) -> None:
+        self.runner.preempted(engine, request)
+
+    def evicted(self, engine: Any, tokens: Any, keep: int) -> None:
+        self.runner.evicted(engine, tokens, keep)
+
+    def finished(self, engine: Any, completion: Any) -> None:
+        self.runner.finished(engine, completion)
+        policy = engine.policy
+        served = {who: policy.served.get(who, 0.0) for who in self.tenants}
+        self.events.append((served, {who: policy.tenant_waiting(who) for who in self.tenants}))

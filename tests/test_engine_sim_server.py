@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 from polling import eventually, wait_until
-from sim_http import drained, held, metric, scrape, sse_events, tenant
+from sim_http import Finishes, drained, held, metric, scrape, sse_events, tenant
 
 from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
@@ -270,31 +270,6 @@ def test_a_client_that_gives_up_on_a_whole_response_aborts_it():
 # ---------------------------------------------------------------------- tenants
 
 
-class Finishes:
-    """The engine's listener (its runner), passed through; at each request that finishes,
-    in the engine's own order, the service its policy has given each tenant so far and
-    how many requests each still has waiting."""
-
-    def __init__(self, runner) -> None:
-        self.runner = runner
-        self.events: list[tuple[dict[str, float], dict[str, int]]] = []
-
-    def admitted(self, engine, request) -> None:
-        self.runner.admitted(engine, request)
-
-    def preempted(self, engine, request) -> None:
-        self.runner.preempted(engine, request)
-
-    def evicted(self, engine, tokens, keep) -> None:
-        self.runner.evicted(engine, tokens, keep)
-
-    def finished(self, engine, completion) -> None:
-        self.runner.finished(engine, completion)
-        policy = engine.policy
-        served = {who: policy.served.get(who, 0.0) for who in "ab"}
-        self.events.append((served, {who: policy.tenant_waiting(who) for who in "ab"}))
-
-
 def _flood(server: ServerThread) -> dict[str, float]:
     """Tenant a queues 50 requests, then b 20, with the engine held: all 70 wait before
     the first is admitted, so what follows is the policy's doing alone. Returns each
@@ -302,7 +277,7 @@ def _flood(server: ServerThread) -> dict[str, float]:
     over the first 30 completions at most, in the engine's order of events."""
     runner = server.sim.runner
     policy = runner.engine.policy
-    finishes = Finishes(runner)
+    finishes = Finishes(runner, "ab")
 
     async def send(http: httpx.AsyncClient, who: str, index: int) -> None:
         body = {"prompt": f"{who} {index} " + "word " * 48, "max_tokens": 64, **tenant(who)}

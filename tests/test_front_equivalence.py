@@ -149,6 +149,9 @@ def manifests(path: Path, replicas: int) -> Path:
                 "model": {"name": MODEL},
                 "engine": {"kind": "sim"},
                 "replicas": replicas,
+                # Engines that keep no weights: the gateway's queue alone decides who goes
+                # (fair engines would have each tenant keep a request in every engine).
+                "scheduler": {"policy": "fcfs"},
                 "routing": {
                     "policy": "d2lpm",
                     "saturation": {"maxOutstanding": 1, "maxWaiting": 1000, "maxKvUsage": 1.0},

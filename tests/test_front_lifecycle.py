@@ -80,8 +80,11 @@ class Pool:
         weights: Mapping[str, float] | None = None,
         router: str = "least_load",
         workers: tuple[str, ...] = ("w0",),
+        fair_engines: bool = False,
+        tenant_waiting: int = 8,
     ) -> None:
         self.clock = FakeClock()
+        self.tenant_waiting = tenant_waiting
         table = TenantWeights(weights or {})
         self.released: list[str] = []
         self.front = PoolFront(
@@ -94,6 +97,7 @@ class Pool:
             queue_timeout=30.0,
             clock=self.clock,
             on_release=lambda flight: self.released.append(flight.request_id),
+            fair_engines=fair_engines,
         )
         self.recorder = Recorder()
         self.front.listeners.append(self.recorder)
@@ -108,7 +112,9 @@ class Pool:
         self.slots = slots
         for worker in self.front.router.workers:
             self.front.router.update_load(worker, kv_usage=0.0 if slots else 1.0)
-        self.front.set_saturation(Saturation(maxOutstanding=max(slots, 1)))
+        self.front.set_saturation(
+            Saturation(maxOutstanding=max(slots, 1), tenantWaiting=self.tenant_waiting)
+        )
 
     def arrive(
         self,
@@ -287,6 +293,57 @@ def test_a_tenant_below_its_share_is_not_held_behind_another_tenants_queue():
     assert pool.queue.queued("flood") == 1
 
 
+def test_with_fair_engines_each_tenant_keeps_requests_waiting_in_a_full_engine():
+    """Fair engines: the engine is full (KV above maxKvUsage, maxOutstanding reached) and
+    the flood waits at the gateway, yet each tenant may have `tenantWaiting` (2 here)
+    requests waiting in the engine's queue, so the engine's scheduler always chooses
+    between every tenant with work. A tenant's next request goes when one of those
+    starts, not when one ends."""
+    pool = Pool(slots=1, fair_engines=True, tenant_waiting=2)
+    pool.arrive("a0", "a")  # the engine's one running request
+    pool.flights["a0"].start()
+    pool.front.update_load("w0", kv_usage=1.0, waiting=0)
+    for i in range(1, 5):
+        pool.arrive(f"a{i}", "a")
+    for i in range(3):
+        pool.arrive(f"b{i}", "b")
+    assert pool.released == ["a0", "a1", "a2", "b0", "b1"]  # two of each wait in the engine
+    assert pool.queue.queued("a") == 2 and pool.queue.queued("b") == 1
+    pool.flights["b0"].observe_output(1)  # b0 started (its first token): b's next goes
+    assert pool.released[-1] == "b2"
+    pool.serve("a0")  # a request ends; a1 and a2 have not started, so a's next still waits
+    assert pool.released[-1] == "b2" and pool.queue.queued("a") == 2
+    pool.flights["a1"].start()
+    assert pool.released[-1] == "a3"
+
+
+def test_with_fair_engines_a_tenant_waits_in_every_engine_not_only_where_its_prefix_is():
+    """D2LPM sends a tenant's requests sharing a prefix to the worker caching it while it
+    has credit there; with fair engines that would leave the other engines without the
+    tenant, and they could not keep its weight. So its requests go where fewest of them
+    wait, and the prefix decides among those."""
+    placed = {}
+    for fair_engines in (False, True):
+        pool = Pool(slots=8, fair_engines=fair_engines, router="d2lpm", workers=("w0", "w1"))
+        document = "a shared document " * 20
+        for i in range(6):
+            pool.arrive(f"a{i}", "a", key=document + str(i))
+        placed[fair_engines] = sorted(
+            pool.front.not_started(worker, "a") for worker in pool.front.router.workers
+        )
+    assert placed == {False: [0, 6], True: [3, 3]}
+
+
+def test_without_fair_engines_a_full_engine_takes_nothing_more():
+    pool = Pool(slots=1)
+    pool.arrive("a0", "a")
+    pool.flights["a0"].start()
+    pool.front.update_load("w0", kv_usage=1.0, waiting=0)
+    pool.arrive("a1", "a")
+    pool.arrive("b0", "b")
+    assert pool.released == ["a0"] and pool.queue.queued() == 2
+
+
 # ---------------------------------------------------------------------- refusals and exits
 
 
@@ -454,6 +511,7 @@ event = st.one_of(
     st.tuples(st.just("cancel"), st.integers(0, 1000)),  # a queued one leaves
     st.tuples(st.just("retry"), st.integers(0, 1000)),  # a worker failed before answering
     st.tuples(st.just("expire")),
+    st.tuples(st.just("start"), st.integers(0, 1000)),  # the engine admits one
 )
 weights = st.dictionaries(st.sampled_from(TENANTS), st.sampled_from([0.5, 1.0, 2.0, 3.0]))
 queue_limits = st.dictionaries(st.sampled_from(TENANTS), st.one_of(st.none(), st.integers(0, 6)))
@@ -533,6 +591,9 @@ class Model:
             if flight.decision is not None and not self.streamed.get(flight.request_id):
                 flight.undispatch()
                 flight.redispatch()
+        elif kind == "start" and self.in_flight():
+            running = self.in_flight()
+            self.pool.flights[running[step[1] % len(running)]].start()
         elif kind == "expire":
             for request_id in self.queued():
                 assert self.pool.flights[request_id].expire() is not None
@@ -552,17 +613,31 @@ class Model:
         self.pool.serve(request_id, prompt, cached, completion)
         self.end(request_id, tenant, COST.service(prompt - cached, completion), "served")
 
-    def check(self, bound: float) -> None:
+    def check(self, bound: float | None) -> None:
+        """`bound`: on the waiting tenants' counters (None: none holds, as with fair
+        engines, where a tenant's requests in flight are not bounded by the slots)."""
         front, queue = self.pool.front, self.pool.queue
         # Every request is exactly one of queued, in flight, or ended.
         assert queue.queued() == len(self.queued())
         assert queue.in_flight() == len(self.in_flight())
-        assert front.router.workers["w0"].outstanding == len(self.in_flight()) <= MAX_SLOTS
+        assert front.router.workers["w0"].outstanding == len(self.in_flight())
         ended = set(self.outcome)
         assert ended.isdisjoint(self.queued()) and ended.isdisjoint(self.in_flight())
         assert len(ended) + len(self.queued()) + len(self.in_flight()) == len(self.requests)
-        # Work conservation: nobody waits while there is room.
+        # Work conservation: nobody waits while there is room for it.
         assert not (queue.queued() and front.has_capacity())
+        for tenant in TENANTS:
+            assert not (queue.queued(tenant) and front.has_capacity(tenant))
+        # Beyond the slots, each tenant has at most one request not started (fair engines).
+        not_started = [rid for rid in self.in_flight() if not self.pool.flights[rid].started]
+        beyond = len(self.in_flight()) - MAX_SLOTS
+        if not front.fair_engines:
+            assert beyond <= 0
+        else:
+            for tenant in TENANTS:
+                mine = [rid for rid in not_started if self.requests[rid][0] == tenant]
+                assert front.not_started("w0", tenant) == len(mine)
+                assert len(mine) <= MAX_SLOTS + self.pool.tenant_waiting
         state = queue.state()
         for tenant in TENANTS:
             assert state.get(tenant, {}).get("served", 0.0) == pytest.approx(
@@ -573,7 +648,7 @@ class Model:
             )
             assert front.limiter.state(tenant)["concurrent"] == holding
         waiting = [state[t]["counter"] for t in TENANTS if queue.queued(t)]
-        if waiting:
+        if waiting and bound is not None:
             assert max(waiting) - min(waiting) <= bound + 1e-6
 
     def expected_service(self, tenant: str) -> float:
@@ -608,13 +683,20 @@ LATE_JOINER_AFTER_A_FLOOD = [
 ]
 
 
+@pytest.mark.parametrize("fair_engines", [False, True], ids=["stock-engines", "fair-engines"])
 @settings(max_examples=150)
 @example(LATE_JOINER_AFTER_A_FLOOD, {}, {})
-@given(st.lists(event, min_size=10, max_size=120), weights, queue_limits)
-def test_vtc_bound_holds_every_ledger_settles_and_no_request_is_lost(events, weights, limits):
+@given(events=st.lists(event, min_size=10, max_size=120), weights=weights, limits=queue_limits)
+def test_vtc_bound_holds_every_ledger_settles_and_no_request_is_lost(
+    fair_engines, events, weights, limits
+):
+    """With stock engines the gateway's queue keeps the VTC bound; with fair engines it
+    only makes sure each tenant has a request waiting in the engine (the engine's own
+    bound is then the one that holds: tests/test_policy_properties.py)."""
     table = TenantWeights(weights)
-    bound = vtc_bound(table)
-    model = Model(Pool(slots=0, weights=table), limits)
+    bound = None if fair_engines else vtc_bound(table)
+    pool = Pool(slots=0, weights=table, fair_engines=fair_engines, tenant_waiting=2)
+    model = Model(pool, limits)
     for step in events:
         model.apply(step)
         model.check(bound)

@@ -1,13 +1,17 @@
 """Several gateway replicas sharing tenant state in a real Valkey server started by the
 test, on loopback, with `fairpool engine-sim` workers: a tenant's limits hold across the
-replicas, and losing the server fails no request."""
+replicas, losing the server fails no request, and fair engines keep their weights
+whichever replica each tenant comes through."""
 
 from __future__ import annotations
+
+import asyncio
 
 import httpx
 import pytest
 import redis
 from gateway_helpers import (
+    async_client,
     client,
     completion,
     engines,
@@ -16,7 +20,8 @@ from gateway_helpers import (
     gateway_metric,
     tenant_entry,
 )
-from polling import wait_until
+from polling import eventually, wait_until
+from sim_http import Finishes, held
 
 from fairpool.api.gateway_config import GatewayConfig
 from fairpool_cli.local.store import LocalStore
@@ -87,3 +92,95 @@ def test_losing_the_shared_state_fails_no_request_and_it_comes_back():
             assert api.post("/v1/completions", json=completion("after", 2)).status_code == 200
             # the request after the return was counted in the server again
             assert redis.Redis(port=store.port).exists("fairpool:{light}:requests")
+
+
+REQUESTS = 40  # per tenant
+JUDGED = 25  # completions: both tenants still have requests left at any ratio up to 4 : 1
+
+
+@pytest.mark.parametrize("fair_engines", [True, False], ids=["fair-engines", "caps-only"])
+def test_engine_weights_hold_with_each_tenant_through_its_own_replica(tmp_path, fair_engines):
+    """The shape the field gets wrong: weights 4 : 1 in the engine's VTC scheduler, two
+    gateway replicas each capping a worker at one request, one tenant entering through
+    each. With caps alone each replica keeps one request of its tenant in the engine and
+    the engine, never choosing, serves them 1 : 1. With `fairEngines` each tenant keeps
+    up to `tenantWaiting` requests waiting in the engine (the default 8: more than the 4
+    it admits at once), refilled as they start, and the engine's weights decide: as
+    many as 4.57 : 1, what the engine gives the same 80 requests sent to it directly.
+
+    Every request is at a gateway before the engine runs (held), and the judgement is in
+    the engine's own order of events, at its 25th completion (the most the flood could
+    have had done by then is 25 of its 40, so both tenants were backlogged throughout)."""
+    scheduler = tmp_path / "scheduler.yaml"
+    scheduler.write_text("policy: vtc\ntenants: {flood: 4, light: 1}\n")
+    # 500 KV tokens hold about four of these requests (50 + 64 tokens) at a time.
+    options = {"profile": "llama2-7b-a10g", "memory_tokens": 500, "max_model_len": 256}
+    with LocalStore() as store, engines(1, speedup=5.0, scheduler_config=str(scheduler),
+                                        **options) as workers:  # fmt: skip
+        config = gateway_config(
+            [workers[0].url],
+            [tenant_entry("flood", 4.0), tenant_entry("light", 1.0)],
+            routing={"saturation": {"maxOutstanding": 1}, "queueTimeoutSeconds": 300},
+            fairEngines=fair_engines,
+        )
+        runner = workers[0].sim.runner
+        finishes = Finishes(runner, ("flood", "light"))
+        with gateway(shared(config, store)) as a, gateway(shared(config, store)) as b:
+            runner.engine.listener = finishes
+            try:
+                asyncio.run(flood_through({"flood": a, "light": b}, workers[0]))
+            finally:
+                runner.engine.listener = runner
+            # One dashboard for the fleet: replica a reports what b served light.
+            served_by_b = gateway_metric(b, "fairpool_gateway_service_total", tenant="light")
+            assert served_by_b > 0
+            wait_until(
+                lambda: gateway_metric(a, "fairpool_gateway_fleet_service_total", tenant="light"),
+                lambda fleet: fleet == served_by_b,
+                what="replica a reads light's service through b from the shared state",
+            )
+            # D2LPM's deficits are shared: b, which never routed flood, spent its credit.
+            router = b.gateway.pools["main"].front.router
+            wait_until(
+                lambda: router.tenant_state().get("flood", {}).get(workers[0].url, 0.0),
+                lambda deficit: deficit < 0,
+                what="replica b charged flood's service through a",
+            )
+    served, _ = finishes.events[JUDGED - 1]
+    ratio = served["flood"] / served["light"]
+    print(f"fairEngines {fair_engines}: flood : light = {ratio:.2f} at completion {JUDGED}")
+    if fair_engines:
+        assert ratio > 3.0
+    else:
+        assert ratio < 1.6
+
+
+async def flood_through(replicas: dict[str, object], worker) -> None:
+    """`REQUESTS` streamed requests of each tenant through its replica, all of them at
+    the gateway or in the engine before the engine takes its first step."""
+    policy = worker.sim.runner.engine.policy
+
+    async def one(api: httpx.AsyncClient, tenant: str, index: int) -> None:
+        body = completion(f"{tenant} {index} " + "word " * 48, 64, stream=True)
+        async with api.stream("POST", "/v1/completions", json=body) as response:
+            await response.aread()
+            assert response.status_code == 200, response.text
+
+    def arrived(tenant: str) -> int:
+        front = replicas[tenant].gateway.pools["main"].front  # type: ignore[attr-defined]
+        return front.queue.queued(tenant) + policy.tenant_waiting(tenant)
+
+    clients = {tenant: async_client(running, tenant) for tenant, running in replicas.items()}
+    try:
+        with held(worker):
+            tasks = [
+                asyncio.create_task(one(clients[tenant], tenant, index))
+                for tenant in replicas
+                for index in range(REQUESTS)
+            ]
+            for tenant in replicas:
+                await eventually(lambda t=tenant: arrived(t), lambda n: n == REQUESTS)
+        await asyncio.gather(*tasks)
+    finally:
+        for api in clients.values():
+            await api.aclose()

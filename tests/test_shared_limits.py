@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -20,6 +21,7 @@ from fairpool.api.tenant_quota import TenantLimits
 from fairpool.front import FrontRequest, Rejection, TenantLimiter, Ticket
 from fairpool_cli.local.store import LocalStore
 from fairpool_gateway.shared_limits import SharedLimiter
+from fairpool_gateway.shared_routing import SharedCharges
 
 pytestmark = pytest.mark.subprocess
 
@@ -236,5 +238,65 @@ def test_replicas_decide_as_one_in_memory_limiter_would(store, operations, rpm, 
                 shared[index % 2].settle(shared_ticket, served)
                 await shared[index % 2].sent()
         await close(*shared)
+
+    asyncio.run(scenario())
+
+
+def test_every_replica_reads_the_fleets_service_and_it_leaves_the_window(store):
+    """Service recorded by either replica is in the record both read: in all, and in the
+    window (2 seconds here) until it has passed."""
+
+    async def scenario() -> None:
+        a, b = replicas(store)
+        a.window = b.window = 2
+        a.record_service("chat", "acme", 100.0)
+        b.record_service("chat", "acme", 50.0)
+        b.record_service("chat", "zeta", 30.0)
+        b.record_service("batch", "acme", 7.0)
+        await a.sent()
+        await b.sent()
+        pools = {"chat": ["acme", "zeta", "idle"], "batch": ["acme"]}
+        seen = [await replica.fleet_service(pools) for replica in (a, b)]
+        assert seen[0] == seen[1]
+        found = seen[0]
+        assert found is not None
+        assert found["chat", "acme"].total == found["chat", "acme"].recent == 150.0
+        assert found["chat", "zeta"].total == 30.0 and found["batch", "acme"].total == 7.0
+        assert found["chat", "idle"].total == found["chat", "idle"].recent == 0.0
+        later = await eventually(
+            lambda: a.fleet_service(pools),
+            lambda now: now is not None and now["chat", "acme"].recent == 0.0,
+            what="the service left the 2-second window",
+        )
+        assert later["chat", "acme"].total == 150.0  # the total stays
+        await close(a, b)
+
+    asyncio.run(scenario())
+
+
+def test_replicas_apply_each_others_routing_charges_and_not_their_own(store):
+    """D2LPM's deficits shared: what one replica's request was charged on a worker reaches
+    the other replica's table (`SharedCharges`), and no replica applies its own twice."""
+
+    async def scenario() -> None:
+        a, b = replicas(store)
+        heard: dict[str, list[tuple[str, str, str, float]]] = {"a": [], "b": []}
+        charges = {
+            name: SharedCharges(
+                limiter, lambda: ["chat"], lambda *charge, n=name: heard[n].append(charge)
+            )
+            for name, limiter in (("a", a), ("b", b))
+        }
+        for listener in charges.values():
+            assert await listener.poll() == 0  # each starts from now
+        settled = SimpleNamespace(
+            pool="chat", worker="http://w0", service=300.0, request=SimpleNamespace(tenant="acme")
+        )
+        charges["a"].settled(settled)  # type: ignore[arg-type]
+        await a.sent()
+        assert await charges["b"].poll() == 1 and await charges["a"].poll() == 0
+        assert heard == {"a": [], "b": [("chat", "acme", "http://w0", 300.0)]}
+        assert await charges["b"].poll() == 0  # read once
+        await close(a, b)
 
     asyncio.run(scenario())

@@ -129,6 +129,18 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--quantum", type=_positive_float, help="DLPM quantum Q")
     sim.add_argument("--worker-quantum", type=_positive_float, help="D2LPM quantum Q^w")
     sim.add_argument(
+        "--gateway-replicas",
+        type=_positive_int,
+        help="gateway replicas in front of the engines, each with its own queue, routing and "
+        "saturation counts, sharing the hard limits (default 1)",
+    )
+    sim.add_argument(
+        "--replica-traffic",
+        choices=["spread", "tenant"],
+        help="requests reach the replicas round robin (spread, the default) or each tenant "
+        "through one replica (tenant)",
+    )
+    sim.add_argument(
         "--tenants", metavar="FILE", help="TenantQuota YAML: tenant weights and hard limits"
     )
     sim.add_argument("--duration", type=_positive_float, help="virtual seconds to simulate")
@@ -179,6 +191,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="on SIGTERM, how long requests in flight may finish (default: the configuration's "
         "drainSeconds, 45)",
+    )
+    gateway.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes behind the one tenant port, one event loop (core) each; worker i's "
+        "admin API is on the admin port + i (default 1; see docs/gateway.md)",
     )
     gateway.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     gateway.set_defaults(handler=_gateway)
@@ -394,6 +414,8 @@ def _sim(args: argparse.Namespace) -> int:
         pool=args.pool,
         workload_params=_key_values("--workload-param", args.workload_param),
         clients=tuple(_closed_loop(text) for text in args.client or ()),
+        gateway_replicas=args.gateway_replicas,
+        replica_traffic=args.replica_traffic,
     )
     run_command(options, args.json, args.plot, args.write_trace, _wide_console())
     return 0
@@ -434,8 +456,11 @@ def _gateway(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if args.drain_seconds is not None and not 0 <= args.drain_seconds <= 3600:
         raise ConfigError("--drain-seconds", f"must be within 0 and 3600, got {args.drain_seconds}")
-    serve(args.config, args.host, args.port, args.admin_port, args.drain_seconds)
-    return 0
+    if not 1 <= args.workers <= 64:
+        raise ConfigError("--workers", f"must be within 1 and 64, got {args.workers}")
+    return serve(
+        args.config, args.host, args.port, args.admin_port, args.drain_seconds, args.workers
+    )
 
 
 def _render(args: argparse.Namespace) -> int:

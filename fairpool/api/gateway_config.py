@@ -40,6 +40,7 @@ from fairpool.api.scheduler_config import CostWeights
 from fairpool.api.tenant_quota import SecretKeyRef, ServiceLevel, TenantLimits, TenantQuota
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
+from fairpool.sched.registry import weighs_tenants
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -165,6 +166,13 @@ class GatewayPool(Spec):
         alias="maxModelLen",
         description="The model's context: the output reserved against tokensPerMinute for a "
         "request that sets no output limit.",
+    )
+    fair_engines: bool = Field(
+        default=False,
+        alias="fairEngines",
+        description="The engines run a scheduler that keeps the tenants' weights (fairpool's "
+        "vtc or dlpm): each tenant may then always keep one request waiting in every "
+        "engine, so the engines' weights decide whatever the number of gateway replicas.",
     )
 
     @model_validator(mode="after")
@@ -443,6 +451,7 @@ def gateway_pool(
         workers=source,
         chains=chains or [],
         maxModelLen=pool.spec.model.max_model_len,
+        fairEngines=weighs_tenants(pool.spec.scheduler.policy),
     )
 
 

@@ -152,6 +152,15 @@ class Saturation(Spec):
         alias="maxKvUsage",
         description="Fraction of KV cache in use (vllm:kv_cache_usage_perc).",
     )
+    tenant_waiting: int = Field(
+        default=8,
+        ge=1,
+        alias="tenantWaiting",
+        description="With fair engines: requests of each tenant that may wait in each "
+        "engine's queue whatever the thresholds above. More than the engine admits at "
+        "once, so that a tenant's queue there does not empty before it is refilled (a fair "
+        "scheduler forgets the credit of a tenant whose queue empties).",
+    )
 
 
 class RoutingSpec(Spec):

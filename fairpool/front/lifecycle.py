@@ -184,6 +184,7 @@ class Flight:
         "output_tokens",
         "phase",
         "request",
+        "started",
         "ticket",
     )
 
@@ -196,6 +197,8 @@ class Flight:
         self.arrival = front.clock() if request.arrival is None else request.arrival
         self.dispatched_at: float | None = None
         self.output_tokens = 0  # observed so far
+        #: The engine began serving it: it no longer waits in the engine's queue.
+        self.started = False
         self.context: Any = None  # the front end's own (the gateway's waiter)
 
     @property
@@ -220,8 +223,10 @@ class Flight:
         place in the pool and may `redispatch`."""
         if self.phase is not Phase.DISPATCHED or self.decision is None:
             raise ConfigError("flight", f"{self.request_id!r} is not dispatched")
+        self.front._left_engine_queue(self)
         self.front.router.complete(self.request_id, 0, 0)
         self.decision = None
+        self.started = False
 
     def redispatch(self) -> RouteDecision:
         """Route again after `undispatch`; NoWorker if no worker is in rotation."""
@@ -231,10 +236,21 @@ class Flight:
 
     def observe_output(self, tokens: int) -> None:
         """`tokens` more output tokens reached the client; charged in the fair queue now,
-        corrected to the engine's usage at settlement."""
+        corrected to the engine's usage at settlement. The first means it has started."""
         if self.phase is Phase.DISPATCHED and tokens:
             self.output_tokens += tokens
             self.front.queue.record_output(self.request_id, tokens)
+            self.start()
+
+    def start(self) -> None:
+        """The engine began serving it (the simulator sees its admission; the gateway, its
+        first token): it waits in the engine's queue no more, so its tenant may send the
+        engine another (`PoolFront.fair_engines`)."""
+        if self.phase is Phase.DISPATCHED and self.decision is not None and not self.started:
+            self.front._left_engine_queue(self)
+            self.started = True
+            if self.front.fair_engines:
+                self.front.release_waiting()
 
     def expire(self) -> Rejection | None:
         """The queue timeout passed: a flight still queued leaves, charged nothing, and
@@ -276,6 +292,7 @@ class PoolFront:
         clock: Callable[[], float] = time.monotonic,
         on_release: Callable[[Flight], None] | None = None,
         wait_for_workers: bool = True,
+        fair_engines: bool = False,
     ) -> None:
         self.name = name
         self.router = router
@@ -287,11 +304,17 @@ class PoolFront:
         self.queue_timeout = queue_timeout
         #: While no worker is in rotation: queue requests (True), or refuse them (NoWorker).
         self.wait_for_workers = wait_for_workers
+        #: The engines keep the tenants' weights among the requests in their queues: a
+        #: tenant with none of its requests waiting in a worker's engine may then send it
+        #: one, whatever the saturation thresholds say (`workers_with_room`).
+        self.fair_engines = fair_engines
         self.clock = clock
         self.on_release = on_release
         self.listeners: list[FrontListener] = []
         self._flights: dict[str, Flight] = {}  # every flight not settled yet
         self._queued: dict[str, Flight] = {}
+        #: (worker, tenant) → its requests dispatched there that have not started.
+        self._engine_queued: dict[tuple[str, str], int] = {}
         self._releasing = False
         self._release_again = False
         # Every ledger hears every settlement, in this order, then the listeners.
@@ -311,6 +334,7 @@ class PoolFront:
         saturated_when: Saturation | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_release: Callable[[Flight], None] | None = None,
+        fair_engines: bool = False,
     ) -> PoolFront:
         """A pool's front as its `RoutingSpec` describes it, routing on prompt text.
         `max_tree_bytes` bounds the prefix tree's memory: half for its text (a byte a
@@ -341,6 +365,7 @@ class PoolFront:
             clock=clock,
             on_release=on_release,
             wait_for_workers=routing.wait_for_workers,
+            fair_engines=fair_engines,
         )
 
     # ------------------------------------------------------------------ requests
@@ -418,8 +443,8 @@ class PoolFront:
                 while self.queue.queued():
                     if self.has_capacity():
                         request_id = self.queue.release()
-                    else:  # saturated: only a tenant below its share goes on
-                        tenant = self._tenant_below_share()
+                    else:  # saturated: only a tenant with room of its own goes on
+                        tenant = self._tenant_with_room()
                         request_id = None if tenant is None else self.queue.release(tenant)
                     if request_id is None:
                         break
@@ -454,10 +479,35 @@ class PoolFront:
         held by `maxOutstanding` alone, on the workers
         where it stays within its share of what they serve: the fair engines make room
         for it there (`fairpool.sched.kv_share`), and holding it back behind a flood's
-        queue would cost it the latency the flood caused."""
+        queue would cost it the latency the flood caused.
+
+        With `fair_engines`, a tenant goes to the workers where fewest of its requests wait
+        in the engine's queue (not started), and may keep up to `tenantWaiting` waiting
+        there whatever the thresholds: every tenant with work then has requests waiting in
+        every engine's queue, and the engines' fair schedulers decide between them. (An
+        engine keeps the weights only between the tenants it holds: a tenant whose
+        requests all went to the worker caching its prefix would get that worker's share
+        alone.) Routing (D2LPM's locality) chooses among the workers tied for fewest."""
         limits, router = self.saturation, self.router
         if limits is None:
             return [worker for worker in router.workers if router.room(worker) != 0]
+        by_thresholds = self._open_by_thresholds(limits, tenant)
+        if tenant is None or not self.fair_engines:
+            return by_thresholds
+        waiting = {
+            worker: self.not_started(worker, tenant)
+            for worker in router.workers
+            if router.room(worker) != 0
+        }
+        fewest = min(waiting.values(), default=0)
+        return [
+            worker
+            for worker, count in waiting.items()
+            if count == fewest and (worker in by_thresholds or count < limits.tenant_waiting)
+        ]
+
+    def _open_by_thresholds(self, limits: Saturation, tenant: str | None) -> list[str]:
+        router = self.router
         open_to_all = [
             worker
             for worker in router.workers.values()
@@ -540,26 +590,51 @@ class PoolFront:
 
     def _may_dispatch_now(self, tenant: str) -> bool:
         """A new request of `tenant` skips the queue: nobody waits and there is room, or
-        (the pool is saturated) its tenant is below its share and nothing of it waits."""
+        (the pool is saturated) nothing of its tenant waits and a worker is open to it
+        alone: it is below its share, or (`fair_engines`) a worker's engine has none of
+        its requests queued."""
         if not self.queue.queued():
             return self.has_capacity(tenant)
         return (
             not self.queue.queued(tenant)
-            and self.queue.below_share(tenant) is not None
+            and (self.fair_engines or self.queue.below_share(tenant) is not None)
             and self.has_capacity(tenant)
         )
 
-    def _tenant_below_share(self) -> str | None:
-        """The queued tenant furthest below its share that has a worker with room."""
-        ranked = []
-        for tenant in self.queue.queued_tenants():
+    def _tenant_with_room(self) -> str | None:
+        """While the pool is saturated: the queued tenant that goes next among those with
+        a worker open to them alone — the one furthest below its share first, then the
+        least served (the queue's counter)."""
+
+        def rank(tenant: str) -> tuple[float, float]:
             below = self.queue.below_share(tenant)
-            if below is not None:
-                ranked.append((-below, tenant))
-        for _, tenant in sorted(ranked):
-            if self.has_capacity(tenant):
+            return (-below if below is not None else 1.0, self.queue.counter(tenant))
+
+        for tenant in sorted(self.queue.queued_tenants(), key=rank):
+            if (self.fair_engines or self.queue.below_share(tenant) is not None) and (
+                self.has_capacity(tenant)
+            ):
                 return tenant
         return None
+
+    def not_started(self, worker: str, tenant: str) -> int:
+        """`tenant`'s requests dispatched to `worker` that its engine has not started."""
+        return self._engine_queued.get((worker, tenant), 0)
+
+    def _entered_engine_queue(self, flight: Flight, worker: str) -> None:
+        key = (worker, flight.tenant)
+        self._engine_queued[key] = self._engine_queued.get(key, 0) + 1
+
+    def _left_engine_queue(self, flight: Flight) -> None:
+        """`flight` started, or left its worker before it did."""
+        if flight.started or flight.decision is None:
+            return
+        key = (flight.decision.worker, flight.tenant)
+        left = self._engine_queued[key] - 1
+        if left:
+            self._engine_queued[key] = left
+        else:
+            del self._engine_queued[key]
 
     def _route_or_settle(self, flight: Flight) -> RouteDecision:
         """Route a flight the queue admitted; if that fails, the flight is settled (nothing
@@ -585,6 +660,7 @@ class PoolFront:
             eligible,
         )
         flight.decision = decision
+        self._entered_engine_queue(flight, decision.worker)
         if flight.dispatched_at is None:
             flight.dispatched_at = self.clock()
         for listener in self.listeners:
@@ -593,6 +669,8 @@ class PoolFront:
 
     def _settle(self, flight: Flight, outcome: Outcome) -> Settlement:
         was = flight.phase
+        if was is Phase.DISPATCHED:
+            self._left_engine_queue(flight)
         flight.phase = Phase.SETTLED
         self._flights.pop(flight.request_id, None)
         if was is Phase.QUEUED:

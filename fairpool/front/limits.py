@@ -91,6 +91,19 @@ class Ticket:
     settled: bool = False
 
 
+def divided_limits(limits: TenantLimits, parts: int) -> TenantLimits:
+    """`limits` for one of `parts` gateways that count apart, so that together they stay
+    near the whole: each count divided (rounded down, at least 1)."""
+    if parts == 1:
+        return limits
+    update = {
+        name: max(1, value // parts)
+        for name in ("requests_per_minute", "tokens_per_minute", "concurrent", "queued")
+        if (value := getattr(limits, name)) is not None
+    }
+    return limits.model_copy(update=update)
+
+
 class Limiter(Protocol):
     """What a pool's front needs of hard limits: `TenantLimiter` in memory, or a limiter
     whose counts the gateway's replicas share."""

@@ -140,6 +140,10 @@ class FairQueue:
     def queued_tenants(self) -> list[str]:
         return self._policy.waiting_tenants()
 
+    def counter(self, tenant: str) -> float:
+        """`tenant`'s VTC counter: its weighted service so far (0 under fcfs)."""
+        return self._policy.tenant_state().get(tenant, 0.0)
+
     def below_share(self, tenant: str) -> float | None:
         """How far below its weighted share of the requests in flight `tenant` would be
         with one more (in requests; None if it would be at or above it). Tenants with a

@@ -85,7 +85,9 @@ def leaves_headroom(
     held = holdings(view.running)
     if excess(_with(held, request), set(waiting_tenants), weights)[request.tenant] <= 0:
         return True
-    free = (1.0 - view.memory_utilization) * view.memory_tokens
+    # Whole tokens are free: rounding undoes the float error of going through a fraction
+    # (3.9999… free tokens would refuse a request that leaves exactly its headroom).
+    free = round((1.0 - view.memory_utilization) * view.memory_tokens)
     needs = request.prompt_tokens - view.cached_tokens(request)
     return free - needs >= (len(view.running) + 1) * view.block_size
 

@@ -60,6 +60,9 @@ class LocalPolicy(ABC):
     #: Whether, by default, memory is shared by weight when it runs out
     #: (`fairpool.sched.kv_share`); the fair policies do.
     shares_memory = False
+    #: Whether it orders tenants by their weighted service, so that an engine running it
+    #: keeps the weights between tenants with requests in its queue (VTC, DLPM).
+    weighs_tenants = False
 
     def __init__(
         self,

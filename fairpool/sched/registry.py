@@ -71,6 +71,14 @@ def router_parameters(name: str) -> set[str]:
     return _accepted_parameters(_lookup("router", name, ROUTERS)) - {"workers", "cost", "weights"}
 
 
+def weighs_tenants(name: str) -> bool:
+    """Whether policy `name` (a `+memsafe` variant too) keeps tenants' weights among the
+    requests in an engine's queue."""
+    base, _ = _split_modifier(name)
+    policy: type[LocalPolicy] = _lookup("policy", base, POLICIES)
+    return policy.weighs_tenants
+
+
 def policy_names() -> list[str]:
     return [*POLICIES, *(f"{name}{MEMORY_SAFE_SUFFIX}" for name in POLICIES if name != "mcsf")]
 

@@ -20,7 +20,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fairpool.api.inference_pool import Saturation
 from fairpool.api.tenant_quota import TenantLimits
@@ -88,6 +88,17 @@ class FleetConfig:
     cold_start: float = 0.0
     wait_for_workers: bool = True
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # e.g. alpha, beta
+    # Gateway replicas in front of the engines, each a front of its own (queue, router,
+    # saturation counts) sharing the hard limits (as replicas with `sharedState` do);
+    # requests reach them round robin (`spread`), or each tenant through one (`tenant`).
+    gateway_replicas: int = 1
+    replica_traffic: Literal["spread", "tenant"] = "spread"
+    # The gateway's `fairEngines`; None: as the engines' policy says (vtc, dlpm: on).
+    fair_engines: bool | None = None
+    # Replicas tell each other what each request was charged on its worker, as the
+    # gateway's replicas do through the shared state (D2LPM's deficits; off: each
+    # replica routes on its own requests alone).
+    share_deficits: bool = True
 
     def __post_init__(self) -> None:
         require_count("workers", self.workers, minimum=1)
@@ -97,6 +108,7 @@ class FleetConfig:
         require_count("min_match", self.min_match)
         require_positive("queue_timeout", self.queue_timeout)
         require_non_negative("cold_start", self.cold_start)
+        require_count("gateway_replicas", self.gateway_replicas, minimum=1)
         if self.rpm_limit is not None:
             require_count("rpm_limit", self.rpm_limit, minimum=1)
 
@@ -183,6 +195,30 @@ class Fleet:
         ]
         self._positions = {engine.name: position for position, engine in enumerate(self.engines)}
         self._busy: list[tuple[float, int]] = []  # see run()
+        limiter = TenantLimiter(clock=self._clock)  # the replicas' shared state
+        #: The gateway's replicas (one unless `gateway_replicas` says more).
+        self.fronts = [self._front(limiter) for _ in range(config.gateway_replicas)]
+        self._tenant_front: dict[str, PoolFront] = {}  # `tenant` traffic: its replica
+        # Completions reaching the front and queue timeouts: (time, sequence, event).
+        self._front_events: list[tuple[float, int, Callable[[], None]]] = []
+        self._sequence = 0
+        self._trace: dict[str, tuple[TraceRequest, Sequence[int]]] = {}
+        self._flights: dict[str, Flight] = {}
+        self._streams: dict[str, ClosedLoop] = {}  # request id → its closed-loop client
+        self._sent = 0
+        self._end = math.inf
+        for front in self.fronts:
+            front.listeners.append(_StreamsListener(self))
+            if config.share_deficits and len(self.fronts) > 1:
+                front.listeners.append(_SharedDeficits(front, self.fronts))
+        if config.cold_start:
+            names = list(self._positions)
+            for front in self.fronts:
+                front.set_rotation([])
+            self._at(config.cold_start, lambda: self._join(names))
+
+    def _front(self, limiter: TenantLimiter) -> PoolFront:
+        config = self.config
         router_params = {"worker_quantum": config.worker_quantum, "min_match": config.min_match}
         accepted = router_parameters(config.router)
         router = make_router(
@@ -192,36 +228,41 @@ class Fleet:
             weights=config.weights,
             **{key: value for key, value in router_params.items() if key in accepted and value},
         )
-        clock = self._clock
-        self.front = PoolFront(
+        fair_engines = config.fair_engines
+        if fair_engines is None:
+            fair_engines = self.engines[0].policy.weighs_tenants
+        return PoolFront(
             POOL,
             router,
-            FairQueue(config.cost, config.weights, policy=config.queue_policy, clock=clock),
-            TenantLimiter(clock=clock),
+            FairQueue(config.cost, config.weights, policy=config.queue_policy, clock=self._clock),
+            limiter,
             config.cost,
             saturation=config.saturation,
             queue_timeout=config.queue_timeout,
-            clock=clock,
+            clock=self._clock,
             on_release=self._submit,
             wait_for_workers=config.wait_for_workers,
+            fair_engines=fair_engines,
         )
-        # Completions reaching the front and queue timeouts: (time, sequence, event).
-        self._front_events: list[tuple[float, int, Callable[[], None]]] = []
-        self._sequence = 0
-        self._trace: dict[str, tuple[TraceRequest, Sequence[int]]] = {}
-        self._flights: dict[str, Flight] = {}
-        self._streams: dict[str, ClosedLoop] = {}  # request id → its closed-loop client
-        self._sent = 0
-        self._end = math.inf
-        self.front.listeners.append(_StreamsListener(self))
-        if config.cold_start:
-            names = list(self._positions)
-            self.front.set_rotation([])
-            self._at(config.cold_start, lambda: self._join(names))
+
+    @property
+    def front(self) -> PoolFront:
+        """The first replica's front (the only one unless `gateway_replicas` > 1)."""
+        return self.fronts[0]
 
     @property
     def router(self) -> Any:
         return self.front.router
+
+    def _front_for(self, index: int, tenant: str) -> PoolFront:
+        """Which replica request number `index` of `tenant` enters through."""
+        if self.config.replica_traffic == "spread":
+            return self.fronts[index % len(self.fronts)]
+        front = self._tenant_front.get(tenant)
+        if front is None:  # tenants take the replicas in turn, in order of first arrival
+            front = self.fronts[len(self._tenant_front) % len(self.fronts)]
+            self._tenant_front[tenant] = front
+        return front
 
     def fairness_bound(self) -> float | None:
         """The bound a theorem gives on the gap between two backlogged tenants' weighted
@@ -364,7 +405,7 @@ class Fleet:
             arrival=request.arrival,
         )
         try:
-            flight = self.front.arrive(front_request)
+            flight = self._front_for(index, request.tenant).arrive(front_request)
         except Rejection as rejection:
             self.recorder.rejected(request)
             self._stream_ended(request.request_id, rejection.retry_after)
@@ -378,7 +419,7 @@ class Fleet:
         flight.context = request
         self._flights[request.request_id] = flight
         if flight.queued:
-            self._at(self.now + self.front.queue_timeout, lambda: self._expire(flight))
+            self._at(self.now + flight.front.queue_timeout, lambda: self._expire(flight))
         else:
             self._submit(flight)
 
@@ -416,15 +457,17 @@ class Fleet:
         )
         if not engine.idle() and not engine.stalled:
             heapq.heappush(self._busy, (engine.now, self._positions[engine.name]))
-        if self.front.saturation is not None:
-            self.front.update_load(
-                engine.name,
-                kv_usage=engine.memory_utilization,
-                waiting=engine.policy.waiting_count,
-            )
+        for front in self.fronts:
+            if front.saturation is not None:
+                front.update_load(
+                    engine.name,
+                    kv_usage=engine.memory_utilization,
+                    waiting=engine.policy.waiting_count,
+                )
 
     def _join(self, workers: list[str]) -> None:
-        self.front.set_rotation(workers)
+        for front in self.fronts:
+            front.set_rotation(workers)
 
     def _at(self, time: float, event: Callable[[], None]) -> None:
         self._sequence += 1
@@ -453,6 +496,9 @@ class Fleet:
 
     def admitted(self, engine: SimEngine, request: Request) -> None:
         self.recorder.admitted(request, engine.now)
+        flight = self._flights.get(request.request_id)
+        if flight is not None and not flight.started:  # the front hears of it at engine time
+            self._at(engine.now, flight.start)
 
     def preempted(self, engine: SimEngine, request: Request) -> None:
         self.recorder.preempted(request, engine.now)
@@ -475,7 +521,8 @@ class Fleet:
         self._at(completion.finished_at, settle)
 
     def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None:
-        self.router.evicted(tokens, engine.name, keep)
+        for front in self.fronts:  # every replica's prefix tree stands for the engines' caches
+            front.router.evicted(tokens, engine.name, keep)
 
 
 class _StreamsListener(FrontListener):
@@ -487,6 +534,22 @@ class _StreamsListener(FrontListener):
     def settled(self, settlement: Settlement) -> None:
         retry_after = 1.0 if settlement.status == 429 else 0.0
         self.fleet._stream_ended(settlement.request.request_id, retry_after)
+
+
+class _SharedDeficits(FrontListener):
+    """Tells the other replicas what a settled request was charged on its worker, at once
+    (the gateway's replicas hear it through the shared state within a poll)."""
+
+    def __init__(self, front: PoolFront, fronts: list[PoolFront]) -> None:
+        self.others = [other for other in fronts if other is not front]
+
+    def settled(self, settlement: Settlement) -> None:
+        if settlement.worker is None:
+            return
+        for other in self.others:
+            other.router.charge_elsewhere(
+                settlement.request.tenant, settlement.worker, settlement.service
+            )
 
 
 def _charged_tenants(plan: BatchPlan) -> set[str]:

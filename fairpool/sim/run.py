@@ -46,6 +46,8 @@ class SimulationOptions:
     pool: str | None = None
     workload_params: dict[str, object] = field(default_factory=dict)
     clients: tuple[ClosedLoop, ...] = ()  # closed-loop tenants (`--client`)
+    gateway_replicas: int | None = None
+    replica_traffic: str | None = None
 
 
 def load_requests(options: SimulationOptions) -> list[TraceRequest]:
@@ -109,6 +111,8 @@ def fleet_config(options: SimulationOptions) -> FleetConfig:
         "router": options.router,
         "quantum": options.quantum,
         "worker_quantum": options.worker_quantum,
+        "gateway_replicas": options.gateway_replicas,
+        "replica_traffic": options.replica_traffic,
     }
     settings.update({name: value for name, value in explicit.items() if value is not None})
     return FleetConfig.from_profile(profile, options.memory_tokens, options.block_size, **settings)

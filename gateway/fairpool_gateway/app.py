@@ -593,6 +593,8 @@ class _Stalled(Exception):
 
 def admin_app(gateway: Gateway) -> Starlette:
     async def metrics(request: Request) -> Response:
+        if gateway.fleet is not None:
+            await gateway.fleet.refresh()  # the fleet-wide shares, from the shared state
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def tenants(request: Request) -> Response:

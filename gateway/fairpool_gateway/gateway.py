@@ -16,10 +16,13 @@ from fairpool.files import FileWatch
 from fairpool.front import FrontListener, Limiter, TenantLimiter
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.drain import Drain
+from fairpool_gateway.fleet_shares import FleetShares, ServiceRecorder
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
+from fairpool_gateway.processes import config_for_worker
 from fairpool_gateway.proxy import upstream_session
 from fairpool_gateway.shared_limits import SharedLimiter, read_password
+from fairpool_gateway.shared_routing import SharedCharges
 from fairpool_gateway.tenants import TenantTable
 
 log = logging.getLogger("fairpool.gateway")
@@ -27,7 +30,12 @@ RELOAD_INTERVAL = 1.0
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, config_path: str | Path | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, config_path: str | Path | None = None, workers: int = 1
+    ) -> None:
+        #: Processes of this gateway behind one port (`--workers`): a reloaded
+        #: configuration is divided among them as the first was.
+        self.workers = workers
         self.config = config
         self.config_path = Path(config_path) if config_path else None
         self.tenants = TenantTable(config)
@@ -37,16 +45,29 @@ class Gateway:
         # in Redis when `sharedState` says where (fixed at start, not reloaded).
         self.shared: SharedLimiter | None = None
         self.limiter: Limiter = TenantLimiter()
+        self.ledger = RequestLedger(self.metrics)
+        #: What every pool's front tells (one list, shared by all pools): the metrics and
+        #: log first; more may be added while the gateway runs.
+        self.listeners: list[FrontListener] = [self.ledger]
+        #: The fleet-wide shares, read from the shared state (None without one).
+        self.fleet: FleetShares | None = None
+        #: D2LPM's charges told to and heard from the other replicas (None without one).
+        self.charges: SharedCharges | None = None
         if config.shared_state is not None:
             shared = SharedLimiter(
                 config.shared_state, password=read_password(config.shared_state.password_file)
             )
             self.metrics.add_shared_state(lambda: shared.up)
             self.shared = self.limiter = shared
-        self.ledger = RequestLedger(self.metrics)
-        #: What every pool's front tells (one list, shared by all pools): the metrics and
-        #: log first; more may be added while the gateway runs.
-        self.listeners: list[FrontListener] = [self.ledger]
+            self.listeners.append(ServiceRecorder(shared))
+            self.fleet = FleetShares(
+                shared,
+                lambda: self.tenants.tenants_of_pools(self.pools),
+                lambda: self.tenants.weights(),  # the table in force: a reload replaces it
+            )
+            self.metrics.registry.register(self.fleet)
+            self.charges = SharedCharges(shared, lambda: list(self.pools), self._charged_elsewhere)
+            self.listeners.append(self.charges)
         self._session: aiohttp.ClientSession | None = None  # to the workers; made in start()
         # Health checks get their own connections: queued behind busy streams, a check
         # would time out and take a healthy worker out of rotation.
@@ -69,6 +90,8 @@ class Gateway:
         self._session = upstream_session()
         if self.shared is not None:
             await self.shared.start()
+        if self.charges is not None:
+            await self.charges.start()
         self._apply_pools(self.config)
         self._reloader = asyncio.create_task(self._watch_config())
 
@@ -79,6 +102,8 @@ class Gateway:
             await pool.stop()
         if self._session is not None:
             await self._session.close()
+        if self.charges is not None:
+            await self.charges.close()
         if self.shared is not None:
             await self.shared.close()
         await self.health_client.aclose()
@@ -135,7 +160,7 @@ class Gateway:
             except ConfigError as error:
                 log.error("configuration change refused, keeping the last good one: %s", error)
                 continue
-            self.reload(config)
+            self.reload(config_for_worker(config, self.workers))
 
     # ------------------------------------------------------------------ state
 
@@ -154,6 +179,12 @@ class Gateway:
             "usage": self.limiter.state(tenant),
             "state": pools,
         }
+
+    def _charged_elsewhere(self, pool: str, tenant: str, worker: str, service: float) -> None:
+        """Another replica's request was charged `service` on `worker` (shared deficits)."""
+        found = self.pools.get(pool)
+        if found is not None:
+            found.front.router.charge_elsewhere(tenant, worker, service)
 
     def _deficits(self) -> Iterator[tuple[str, str, str, float]]:
         for name, pool in self.pools.items():

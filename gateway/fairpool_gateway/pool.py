@@ -56,6 +56,7 @@ class Pool:
             },
             saturated_when=spec.routing.saturation,
             on_release=_wake,
+            fair_engines=spec.fair_engines,
         )
         self.front.listeners = listeners  # the gateway's, shared by its pools
         self.monitor = WorkerMonitor(

@@ -24,6 +24,7 @@ from fairpool.sched.errors import ConfigError
 from fairpool_gateway.app import admin_app, tenant_app
 from fairpool_gateway.connections import HeaderDeadlineProtocol
 from fairpool_gateway.gateway import Gateway
+from fairpool_gateway.processes import config_for_worker, reuse_port_socket, run_workers
 from fairpool_gateway.protocol import GatewayError
 
 log = logging.getLogger("fairpool.gateway")
@@ -168,24 +169,59 @@ def serve(
     port: int | None,
     admin_port: int | None,
     drain_seconds: float | None = None,
-) -> None:
-    """`fairpool gateway`: run until SIGINT or SIGTERM, then drain."""
+    workers: int = 1,
+) -> int:
+    """`fairpool gateway`: run until SIGINT or SIGTERM, then drain; with `workers` > 1, as
+    that many processes behind the one port (`fairpool_gateway.processes`).
+    Returns the exit status."""
     config = load_gateway_config(config_path)
     tenant_port = config.listen.port if port is None else port
     admin_port = config.admin.port if admin_port is None else admin_port
     check_startup(config, tenant_port, admin_port, port is not None)
-    gateway = Gateway(config, config_path)
-    tenant_socket = bind(host or config.listen.host, tenant_port)
-    admin_socket = bind(config.admin.host, admin_port)
-    server = make_server(gateway, tenant_socket, admin_socket, True, drain_seconds)
-    tenant_host, tenant_port = tenant_socket.getsockname()[:2]
-    admin_host, admin_port_bound = admin_socket.getsockname()[:2]
-    print(f"fairpool gateway: tenant API on http://{tenant_host}:{tenant_port}/v1", flush=True)
-    print(
-        f"fairpool gateway: admin API and /metrics on http://{admin_host}:{admin_port_bound}",
-        flush=True,
-    )
-    server.run(sockets=[tenant_socket, admin_socket])
+    tenant_host = host or config.listen.host
+    if workers == 1:
+        tenant_socket = bind(tenant_host, tenant_port)
+        admin_socket = bind(config.admin.host, admin_port)
+        announce(tenant_socket, [admin_socket])
+        gateway = Gateway(config, config_path)
+        make_server(gateway, tenant_socket, admin_socket, True, drain_seconds).run(
+            sockets=[tenant_socket, admin_socket]
+        )
+        return 0
+    held = reuse_port_socket(tenant_host, tenant_port, listen=False)  # the port, for them all
+    tenant_port = held.getsockname()[1]
+    admin_sockets = [
+        bind(config.admin.host, admin_port + index if admin_port else 0) for index in range(workers)
+    ]
+    announce(held, admin_sockets)
+    worker_config = config_for_worker(config, workers)
+
+    def run_one(index: int) -> None:
+        tenant_socket = reuse_port_socket(tenant_host, tenant_port, listen=True)
+        admin_socket = admin_sockets[index]
+        for other in admin_sockets:
+            if other is not admin_socket:
+                other.close()
+        gateway = Gateway(worker_config, config_path, workers=workers)
+        make_server(gateway, tenant_socket, admin_socket, True, drain_seconds).run(
+            sockets=[tenant_socket, admin_socket]
+        )
+
+    status = run_workers(workers, run_one)
+    held.close()
+    return status
+
+
+def announce(tenant_socket: socket.socket, admin_sockets: list[socket.socket]) -> None:
+    host, port = tenant_socket.getsockname()[:2]
+    print(f"fairpool gateway: tenant API on http://{host}:{port}/v1", flush=True)
+    for index, admin_socket in enumerate(admin_sockets):
+        admin_host, admin_port = admin_socket.getsockname()[:2]
+        which = f" (worker {index})" if len(admin_sockets) > 1 else ""
+        print(
+            f"fairpool gateway: admin API and /metrics on http://{admin_host}:{admin_port}{which}",
+            flush=True,
+        )
 
 
 def check_startup(

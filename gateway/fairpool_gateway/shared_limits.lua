@@ -1,7 +1,8 @@
 -- Hard limits shared by the gateway's replicas: one script per request phase, each atomic
 -- on the server (fairpool_gateway.shared_limits explains the design).
 --
--- Keys, all of one tenant (one hash tag, so a cluster keeps them on one shard):
+-- Keys, all of one tenant (one hash tag, so a cluster keeps them on one shard); `serve`
+-- has its own, below:
 --   KEYS[1] requests per second of the window: HASH second -> count
 --   KEYS[2] tokens per second of the window:   HASH second -> tokens
 --   KEYS[3] requests in progress:               ZSET request id -> lease expiry
@@ -104,5 +105,19 @@ local function renew()
   return 1
 end
 
-local phases = {reserve = reserve, settle = settle, renew = renew}
+local function serve()
+  -- The fleet's record of service, for the shares every replica reports (not a limit).
+  -- KEYS[1] the tenant's service per pool: HASH pool -> total
+  -- KEYS[2] its service in this pool per second of the window: HASH second -> service
+  -- ARGV: phase, pool, service, window s
+  local service, length = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local second = math.floor(now())
+  window(KEYS[2], second, length)  -- drops the buckets that left it
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[2], service)
+  redis.call('HINCRBYFLOAT', KEYS[2], second, service)
+  redis.call('EXPIRE', KEYS[2], length * 2)
+  return 1
+end
+
+local phases = {reserve = reserve, settle = settle, renew = renew, serve = serve}
 return phases[ARGV[1]]()

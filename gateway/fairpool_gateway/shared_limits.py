@@ -16,6 +16,9 @@ the server, one round trip per request phase:
   wait for it, and the settlements of one turn of the event loop go in one pipeline.
 - **renew**, every `leaseSeconds / 3` for the requests this replica still serves: leases
   that nobody renews (a replica killed mid-stream) expire and free their slots.
+- **serve**, with the settlement: the service the request was charged, added to the
+  tenant's fleet-wide record (in all, and per second of the window), which every replica
+  reads for its `fairpool_gateway_fleet_*` metrics — one dashboard for the fleet.
 
 The windows are 60 one-second buckets, so a request leaves the window up to a second
 earlier than in the in-memory limiter, which slides by the exact arrival time.
@@ -34,8 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -50,12 +55,16 @@ from fairpool.front import FrontRequest, Rejection, TenantLimiter, Ticket
 from fairpool.front.limits import (
     WINDOW_SECONDS,
     concurrent_rejection,
+    divided_limits,
     oversized_rejection,
     requests_rejection,
     tokens_rejection,
 )
 
 log = logging.getLogger("fairpool.gateway")
+
+#: Adds one command to a pipeline (a script's call is a coroutine to await).
+Queued = Callable[[Any], Any]
 
 SCRIPT = resources.files("fairpool_gateway").joinpath("shared_limits.lua").read_text()
 #: Seconds between two attempts to reach Redis again while it is down.
@@ -68,6 +77,14 @@ class SharedTicket(Ticket):
 
     request_id: str = ""
     second: int = 0
+
+
+@dataclass(frozen=True)
+class FleetService:
+    """A tenant's service in a pool from every replica: in all, and in the last window."""
+
+    total: float
+    recent: float
 
 
 @dataclass
@@ -100,7 +117,7 @@ class SharedLimiter:
         self._refused: dict[str, tuple[float, Rejection]] = {}  # tenant → until, why
         self._down: _Down | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._settlements: list[tuple[str, list[str | int | float]]] = []  # to send
+        self._outgoing: list[Queued] = []  # commands to send with this turn's others
         self._renewer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # set when the server goes away
 
@@ -122,6 +139,11 @@ class SharedLimiter:
         """Wait until every settlement handed to Redis so far has been applied (or failed)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def client(self) -> Any:
+        """The server's client (redis-py asyncio), for others sharing this connection."""
+        return self._client
 
     @property
     def up(self) -> bool:
@@ -219,9 +241,43 @@ class SharedLimiter:
             ticket.estimated_tokens,
             served,
         ]
-        self._settlements.append((ticket.tenant, arguments))
-        if len(self._settlements) == 1:  # the first since the last flush: flush them soon
-            self._spawn(self._flush_settlements())
+        self._send_soon(self._keys(ticket.tenant), arguments)
+
+    def record_service(self, pool: str, tenant: str, service: float) -> None:
+        """Add what `tenant` was served in `pool` to the fleet's record that every replica
+        reads (`fleet_service`); sent with this turn's settlements, and not kept while
+        the server is down."""
+        if self._down is None and service > 0:
+            self._send_soon(self._service_keys(tenant, pool), ["serve", pool, service, self.window])
+
+    async def fleet_service(
+        self, pools: Mapping[str, Iterable[str]]
+    ) -> dict[tuple[str, str], FleetService] | None:
+        """What every replica together served each tenant of each pool (`pools`: pool →
+        its tenants): in all, and in the last `window` seconds. One round trip; None
+        while the server is down or does not answer."""
+        pairs = [(pool, tenant) for pool, tenants in pools.items() for tenant in tenants]
+        if self._down is not None:
+            return None
+        pipeline = self._client.pipeline(transaction=False)
+        pipeline.time()
+        for pool, tenant in pairs:
+            totals_key, recent_key = self._service_keys(tenant, pool)
+            pipeline.hget(totals_key, pool)
+            pipeline.hgetall(recent_key)
+        try:
+            answers = await pipeline.execute()
+        except (TimeoutError, RedisError, OSError) as error:
+            self._went_down(error)
+            return None
+        seconds, _ = answers[0]
+        oldest = int(seconds) - self.window + 1
+        found = {}
+        for index, pair in enumerate(pairs):
+            total, buckets = answers[1 + 2 * index], answers[2 + 2 * index]
+            recent = sum(float(value) for at, value in buckets.items() if int(at) >= oldest)
+            found[pair] = FleetService(float(total or 0.0), recent)
+        return found
 
     def forget(self, request_id: str) -> None:
         """A reservation that never reached the front (the request failed in between)."""
@@ -239,16 +295,27 @@ class SharedLimiter:
         tag = f"{self.prefix}:{{{tenant}}}"
         return [f"{tag}:requests", f"{tag}:tokens", f"{tag}:leases"]
 
+    def _service_keys(self, tenant: str, pool: str) -> list[str]:
+        tag = f"{self.prefix}:{{{tenant}}}"
+        return [f"{tag}:served", f"{tag}:recent:{pool}"]
+
+    def _send_soon(self, keys: list[str], arguments: list[str | int | float]) -> None:
+        """A script call that needs no answer, sent with the others of this turn of the
+        event loop in one round trip."""
+        self.send_soon(lambda pipeline: self._script(keys=keys, args=arguments, client=pipeline))
+
+    def send_soon(self, queue: Queued) -> None:
+        """A command that needs no answer (`queue` adds it to a pipeline), sent with the
+        others of this turn of the event loop in one round trip; nothing while the
+        server is down."""
+        if self._down is not None:
+            return
+        self._outgoing.append(queue)
+        if len(self._outgoing) == 1:  # the first since the last flush: flush them soon
+            self._spawn(self._flush_outgoing())
+
     def _divided(self, limits: TenantLimits) -> TenantLimits:
-        replicas = self.spec.replicas
-        if replicas == 1:
-            return limits
-        update = {
-            name: max(1, value // replicas)
-            for name in ("requests_per_minute", "tokens_per_minute", "concurrent", "queued")
-            if (value := getattr(limits, name)) is not None
-        }
-        return limits.model_copy(update=update)
+        return divided_limits(limits, self.spec.replicas)
 
     async def _call(self, tenant: str, arguments: list[str | int | float]) -> None:
         try:
@@ -256,14 +323,16 @@ class SharedLimiter:
         except (TimeoutError, RedisError, OSError) as error:
             self._went_down(error)
 
-    async def _flush_settlements(self) -> None:
-        """Send the settlements made until the event loop comes back here, in one round
-        trip (a pipeline): a settlement needs no answer, so many share one."""
+    async def _flush_outgoing(self) -> None:
+        """Send the calls made until the event loop comes back here (settlements, service
+        records) in one round trip (a pipeline): they need no answer, so many share one."""
         await asyncio.sleep(0)
-        batch, self._settlements = self._settlements, []
+        batch, self._outgoing = self._outgoing, []
         pipeline = self._client.pipeline(transaction=False)
-        for tenant, arguments in batch:
-            await self._script(keys=self._keys(tenant), args=arguments, client=pipeline)
+        for queue in batch:
+            queued = queue(pipeline)
+            if inspect.isawaitable(queued):
+                await queued
         try:
             await pipeline.execute()
         except (TimeoutError, RedisError, OSError) as error:

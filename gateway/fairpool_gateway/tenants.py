@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -52,6 +53,17 @@ class TenantTable:
 
     def weights(self) -> dict[str, float]:
         return {name: tenant.weight for name, tenant in self.tenants.items()}
+
+    def tenants_of_pools(self, pools: Iterable[str]) -> dict[str, list[str]]:
+        """Each pool's tenants: those that list it, and those that list none (every pool)."""
+        return {
+            pool: sorted(
+                name
+                for name, tenant in self.tenants.items()
+                if not tenant.pools or pool in tenant.pools
+            )
+            for pool in pools
+        }
 
     def authenticate(self, authorization: str | None) -> GatewayTenant:
         """The tenant whose key is in an `Authorization: Bearer KEY` header; 401 if none."""

@@ -71,6 +71,7 @@ class DLPM(LocalPolicy):
 
     name = "dlpm"
     shares_memory = True
+    weighs_tenants = True
 
     def __init__(self, quantum: float | None = None, **options: Any) -> None:
         """`quantum`: Q in service units; None for `auto` (choice 5)."""

@@ -28,6 +28,7 @@ class VTC(LocalPolicy):
 
     name = "vtc"
     shares_memory = True
+    weighs_tenants = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -199,6 +199,10 @@ class Router(ABC):
     def set_weights(self, weights: TenantWeights) -> None:
         """New tenant weights (a reloaded tenant table), for routers that use them."""
 
+    def charge_elsewhere(self, tenant: str, worker_id: str, service: float) -> None:
+        """Another replica of the gateway served `tenant` `service` on `worker_id`, for
+        routers whose decisions follow what tenants were served (D2LPM's deficits)."""
+
     def tenant_state(self) -> dict[str, dict[str, float]]:
         """Per tenant, per worker, the quantity the router balances tenants by (D2LPM's
         deficit q[tenant, worker]); {} for routers that keep none."""

@@ -205,6 +205,16 @@ class D2LPM(PrefixRouter):
     def set_weights(self, weights: TenantWeights) -> None:
         self.weights = weights
 
+    def charge_elsewhere(self, tenant: str, worker_id: str, service: float) -> None:
+        """Deficits shared by the gateway's replicas: what another replica's request was
+        charged on a worker (dispatch and completion together, told at its completion)
+        spends `tenant`'s credit there for this replica too, so every replica moves a
+        tenant off a worker when the tenant's service there, from all of them, used its
+        quantum — as one router would. Each replica refills by the same rule from the
+        same charges, so their tables agree but for requests still in flight elsewhere."""
+        if worker_id in self.workers:
+            self.deficits[tenant].charge(worker_id, service)
+
     def tenant_state(self) -> dict[str, dict[str, float]]:
         return {tenant: dict(deficits) for tenant, deficits in self.deficits.items()}
 

@@ -1,0 +1,59 @@
+"""Gateway replicas in the simulator: N fronts of their own (queue, routing, saturation
+counts) before one set of fair engines, in virtual time. With `fairEngines` the engines'
+weights hold whatever the number of replicas and however the traffic reaches them; with
+the saturation caps alone and each tenant through its own replica, they do not — the
+collapse the gateway's `fairEngines` rule exists for (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairpool.api.inference_pool import Saturation
+from fairpool.sched import TenantWeights
+from fairpool.sim.fleet import ClosedLoop, Fleet, FleetConfig
+from fairpool.sim.profiles import get_profile
+
+pytestmark = pytest.mark.unit
+
+WARMUP, END = 20.0, 80.0  # virtual seconds: the ratio is read between them
+
+
+def ratio(replicas: int, traffic: str, fair_engines: bool, gold_weight: float) -> float:
+    """gold : bronze service between WARMUP and END, both flooding (24 streams each)."""
+    weights = TenantWeights({"gold": gold_weight, "bronze": 1.0})
+    config = FleetConfig.from_profile(
+        get_profile("llama2-7b-a10g"),
+        memory_tokens=2048,
+        workers=2,
+        policy="vtc",
+        router="d2lpm",
+        weights=weights,
+        saturation=Saturation(maxOutstanding=8),
+        gateway_replicas=replicas,
+        replica_traffic=traffic,  # type: ignore[arg-type]
+        fair_engines=fair_engines,
+    )
+    clients = [ClosedLoop(tenant, 24, 100, 150, 64) for tenant in ("gold", "bronze")]
+    recorder = Fleet(config).run([], duration=END, clients=clients)
+    served = {
+        tenant: recorder.service_at(tenant, END) - recorder.service_at(tenant, WARMUP)
+        for tenant in ("gold", "bronze")
+    }
+    return served["gold"] / served["bronze"]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    replicas=st.integers(1, 4),
+    traffic=st.sampled_from(["spread", "tenant"]),
+    gold_weight=st.sampled_from([2.0, 4.0]),
+)
+def test_with_fair_engines_the_weights_hold_across_replicas(replicas, traffic, gold_weight):
+    assert ratio(replicas, traffic, True, gold_weight) == pytest.approx(gold_weight, rel=0.1)
+
+
+def test_with_caps_alone_each_tenant_through_its_own_replica_the_weights_collapse():
+    assert ratio(1, "tenant", False, 4.0) == pytest.approx(4.0, rel=0.1)  # one gateway decides
+    assert ratio(2, "tenant", False, 4.0) < 2.0  # each replica fills its own share

@@ -40,16 +40,20 @@ def machine() -> dict[str, Any]:
 
 
 def _commit() -> str | None:
+    """The commit measured, with " + uncommitted changes" when the code differs from it
+    (results files aside)."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=here)
+        return run.stdout.strip()
+
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", "..", ":(exclude)results")
     except (OSError, subprocess.CalledProcessError):
         return None
+    return commit + (" + uncommitted changes" if changed else "")
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:

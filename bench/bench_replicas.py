@@ -45,7 +45,7 @@ Five measurements:
    again (`fairpool_gateway_shared_state_up` 1 on their admin ports, polled every 0.1 s).
 
 5. **Processes** (`processes`). One `fairpool gateway --workers N`, N = 1 and 2, no shared
-   state, one engine-sim at `--speedup 1000`: a closed loop of `--process-streams` (64)
+   state, one engine-sim at `--speedup 1000`: a closed loop of `--process-streams` (32)
    streamed requests for `--overhead-seconds`, requests per second and the CPU of the
    gateway's processes, the engine and the load generator. Nothing is pinned: on a
    two-core machine the gateway's processes share the cores with the engine and the load
@@ -595,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the gateways' fairEngines setting(s): off,on",
     )
     parser.add_argument(
-        "--process-streams", type=int, default=64, help="processes: closed-loop streams (64)"
+        "--process-streams", type=int, default=32, help="processes: closed-loop streams (32)"
     )
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=20.0)

@@ -596,7 +596,10 @@ class Model:
             self.pool.flights[running[step[1] % len(running)]].start()
         elif kind == "expire":
             for request_id in self.queued():
-                assert self.pool.flights[request_id].expire() is not None
+                flight = self.pool.flights[request_id]
+                if not flight.queued:  # a tenant leaving the queue changed the shares:
+                    continue  # with fair engines, another may have gone on meanwhile
+                assert flight.expire() is not None
                 self.end(request_id, self.requests[request_id][0], 0.0, "expired")
 
     def end(self, request_id: str, tenant: str, service: float, outcome: str) -> None:

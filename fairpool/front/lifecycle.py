@@ -304,9 +304,8 @@ class PoolFront:
         self.queue_timeout = queue_timeout
         #: While no worker is in rotation: queue requests (True), or refuse them (NoWorker).
         self.wait_for_workers = wait_for_workers
-        #: The engines keep the tenants' weights among the requests in their queues: a
-        #: tenant with none of its requests waiting in a worker's engine may then send it
-        #: one, whatever the saturation thresholds say (`workers_with_room`).
+        #: The engines keep the tenants' weights among the requests in their queues: each
+        #: tenant then keeps requests waiting in every engine (`workers_with_room`).
         self.fair_engines = fair_engines
         self.clock = clock
         self.on_release = on_release
@@ -441,9 +440,9 @@ class PoolFront:
             while self._release_again:
                 self._release_again = False
                 while self.queue.queued():
-                    if self.has_capacity():
+                    if self.has_capacity() and not self.fair_engines:
                         request_id = self.queue.release()
-                    else:  # saturated: only a tenant with room of its own goes on
+                    else:  # saturated, or room depends on the tenant: one with room goes
                         tenant = self._tenant_with_room()
                         request_id = None if tenant is None else self.queue.release(tenant)
                     if request_id is None:
@@ -482,12 +481,15 @@ class PoolFront:
         queue would cost it the latency the flood caused.
 
         With `fair_engines`, a tenant goes to the workers where fewest of its requests wait
-        in the engine's queue (not started), and may keep up to `tenantWaiting` waiting
-        there whatever the thresholds: every tenant with work then has requests waiting in
-        every engine's queue, and the engines' fair schedulers decide between them. (An
-        engine keeps the weights only between the tenants it holds: a tenant whose
-        requests all went to the worker caching its prefix would get that worker's share
-        alone.) Routing (D2LPM's locality) chooses among the workers tied for fewest."""
+        in the engine's queue (not started) — an engine keeps the weights only between the
+        tenants it holds, and a tenant whose requests all went to the worker caching its
+        prefix would get that worker's share alone; routing (D2LPM's locality) chooses
+        among the workers tied for fewest. A tenant not above its weighted share of the
+        requests in flight here may keep up to `tenantWaiting` waiting there whatever the
+        thresholds: every tenant with work then has requests in every engine's queue, and
+        the engines' fair schedulers decide between them, whichever replica sent them (a
+        replica that sees one tenant sees it at its share). A tenant above its share waits
+        here, so a flood's backlog stays out of the engines' queues."""
         limits, router = self.saturation, self.router
         if limits is None:
             return [worker for worker in router.workers if router.room(worker) != 0]
@@ -500,10 +502,11 @@ class PoolFront:
             if router.room(worker) != 0
         }
         fewest = min(waiting.values(), default=0)
+        beyond = limits.tenant_waiting if self.queue.below_share(tenant) is not None else 0
         return [
             worker
             for worker, count in waiting.items()
-            if count == fewest and (worker in by_thresholds or count < limits.tenant_waiting)
+            if count == fewest and (worker in by_thresholds or count < beyond)
         ]
 
     def _open_by_thresholds(self, limits: Saturation, tenant: str | None) -> list[str]:
@@ -591,8 +594,8 @@ class PoolFront:
     def _may_dispatch_now(self, tenant: str) -> bool:
         """A new request of `tenant` skips the queue: nobody waits and there is room, or
         (the pool is saturated) nothing of its tenant waits and a worker is open to it
-        alone: it is below its share, or (`fair_engines`) a worker's engine has none of
-        its requests queued."""
+        alone: it is below its share, or (`fair_engines`) fewer than `tenantWaiting` of
+        its requests wait in a worker's engine."""
         if not self.queue.queued():
             return self.has_capacity(tenant)
         return (

@@ -608,6 +608,8 @@ def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
         "/etc/fairpool/gateway/gateway.yaml",
         "--drain-seconds",
         "45",
+        "--workers",
+        "1",
     ]
     assert container["image"] == "r/gw:dev"
     mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
@@ -659,7 +661,8 @@ def test_a_rollout_drains_the_gateway_within_its_grace_period(default_docs, tmp_
         },
     )
     container = one(docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"][-1] == "280"
+    command = container["command"]
+    assert command[command.index("--drain-seconds") + 1] == "280"
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
     done = helm("template", "x", str(CHART), "--set", "gateway.shutdown.drainSeconds=50")
     assert done.returncode != 0
@@ -1350,3 +1353,17 @@ def test_several_gateway_pods_with_an_external_server_and_one_pod_with_none(tmp_
     assert "FAIRPOOL_GATEWAY_SHARED_STATE_URL" not in env_of(
         one(single, "Deployment", "fp-operator")
     )
+
+
+@needs_helm
+def test_several_gateway_processes_a_pod_share_state_without_a_budget(tmp_path):
+    docs = render(tmp_path, {"gateway": {"workers": 3}})
+    gateway = one(docs, "Deployment", "fp-gateway")
+    command = gateway["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--workers") + 1] == "3"
+    assert one(docs, "StatefulSet", "fp-shared-state")  # the processes count limits together
+    operator = env_of(one(docs, "Deployment", "fp-operator"))
+    assert operator["FAIRPOOL_GATEWAY_REPLICAS"] == "1"  # pods; each process multiplies it
+    assert not by_kind(docs, "PodDisruptionBudget")  # one pod: a budget would block drains
+    for version in KUBE_VERSIONS:
+        validate_all(docs, version)

@@ -115,9 +115,10 @@ podSelector:
   {{- end }}
 {{- end -}}
 
-{{/* Whether the gateway replicas share state: "true" with more than one, else "". */}}
+{{/* Whether the gateway's replicas share state: "true" with more than one pod or more
+than one process a pod (gateway.workers), else "". */}}
 {{- define "fairpool.sharedState.enabled" -}}
-{{- if gt (int .Values.gateway.replicas) 1 }}true{{ end -}}
+{{- if or (gt (int .Values.gateway.replicas) 1) (gt (int .Values.gateway.workers) 1) }}true{{ end -}}
 {{- end -}}
 
 {{/* Whether the chart runs the bundled Valkey: shared state and no url of the user's. */}}

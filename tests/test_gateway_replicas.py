@@ -64,6 +64,9 @@ def test_a_requests_per_minute_limit_holds_across_two_replicas():
             }
             for running in (a, b):
                 assert gateway_metric(running, "fairpool_gateway_shared_state_up") == 1
+                # each replica's admin API shows the tenant's usage as all of them count it
+                shown = httpx.get(f"{running.admin_url}/admin/tenants/light").json()
+                assert shown["sharedState"] == "up" and shown["usage"]["requests"] == 6
 
 
 def test_losing_the_shared_state_fails_no_request_and_it_comes_back():

@@ -599,13 +599,13 @@ def admin_app(gateway: Gateway) -> Starlette:
 
     async def tenants(request: Request) -> Response:
         names = sorted(gateway.tenants.tenants)
-        return JSONResponse({"tenants": [gateway.tenant_state(name) for name in names]})
+        return JSONResponse({"tenants": [await gateway.tenant_state(name) for name in names]})
 
     async def tenant(request: Request) -> Response:
         name = request.path_params["tenant"]
         if name not in gateway.tenants.tenants:
             return error_response(GatewayError(HTTPStatus.NOT_FOUND, f"No tenant {name!r}."), None)
-        return JSONResponse(gateway.tenant_state(name))
+        return JSONResponse(await gateway.tenant_state(name))
 
     async def pools(request: Request) -> Response:
         return JSONResponse({name: pool.snapshot() for name, pool in gateway.pools.items()})

@@ -164,14 +164,16 @@ class Gateway:
 
     # ------------------------------------------------------------------ state
 
-    def tenant_state(self, tenant: str) -> dict[str, object]:
-        """What the admin API shows of one tenant."""
+    async def tenant_state(self, tenant: str) -> dict[str, object]:
+        """What the admin API shows of one tenant. With shared state up, `usage` is what
+        every replica counts together and `localUsage` this replica's fallback counts;
+        while it is down, `usage` is the fallback's."""
         spec = self.tenants.tenants.get(tenant)
         pools: dict[str, object] = {}
         for name, pool in self.pools.items():
             state = pool.front.tenant_state().get(tenant, {})
             pools[name] = {**state, "deficits": state.get("deficits", {})}
-        return {
+        document: dict[str, object] = {
             "tenant": tenant,
             "weight": spec.weight if spec else None,
             "pools": spec.pools if spec else None,
@@ -179,6 +181,13 @@ class Gateway:
             "usage": self.limiter.state(tenant),
             "state": pools,
         }
+        if self.shared is not None:
+            shared = await self.shared.shared_state(tenant)
+            document["sharedState"] = "up" if shared is not None else "down"
+            if shared is not None:  # down: `usage` stays this replica's fallback counts
+                document["localUsage"] = document["usage"]
+                document["usage"] = shared
+        return document
 
     def _charged_elsewhere(self, pool: str, tenant: str, worker: str, service: float) -> None:
         """Another replica's request was charged `service` on `worker` (shared deficits)."""

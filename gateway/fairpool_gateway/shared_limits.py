@@ -289,6 +289,35 @@ class SharedLimiter:
         """The local fallback's counts (what this replica admitted while Redis was down)."""
         return self.local.state(tenant)
 
+    async def shared_state(self, tenant: str) -> dict[str, float] | None:
+        """What every replica together counts for `tenant` now, in the local fallback's
+        form: requests and tokens in the window, and requests in progress (live leases).
+        One round trip; None while the server is down or does not answer."""
+        if self._down is not None:
+            return None
+        requests, tokens, leases = self._keys(tenant)
+        pipeline = self._client.pipeline(transaction=False)
+        pipeline.time()
+        pipeline.hgetall(requests)
+        pipeline.hgetall(tokens)
+        pipeline.zrange(leases, 0, -1, withscores=True)
+        try:
+            (seconds, micros), per_second, tokens_per_second, held = await pipeline.execute()
+        except (TimeoutError, RedisError, OSError) as error:
+            self._went_down(error)
+            return None
+        now = int(seconds) + int(micros) / 1e6
+        oldest = int(seconds) - self.window + 1
+
+        def in_window(buckets: dict[Any, Any]) -> float:
+            return float(sum(int(value) for at, value in buckets.items() if int(at) >= oldest))
+
+        return {
+            "requests": in_window(per_second),
+            "tokens": in_window(tokens_per_second),
+            "concurrent": float(sum(1 for _, expiry in held if expiry > now)),
+        }
+
     # ------------------------------------------------------------------ internals
 
     def _keys(self, tenant: str) -> list[str]:

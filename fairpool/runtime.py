@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 
 #: Young-generation collections between full ones (CPython's default is 10).
@@ -23,3 +25,12 @@ def tune_collector_for_serving() -> None:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_INTERVAL)
+
+
+async def wait_at_most(event: asyncio.Event, seconds: float) -> None:
+    """Until `event` is set or `seconds` pass. Not `asyncio.wait_for`: on Python 3.11 a
+    cancellation that meets its timeout can leave the cancelled task waiting for good (a
+    replica's lease renewer hung so in a test, and with it the gateway's shutdown)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()

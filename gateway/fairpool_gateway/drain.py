@@ -27,7 +27,6 @@ actually given — and returns any other outcome unchanged:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fairpool.front import CLIENT_CLOSED, Outcome
+from fairpool.runtime import wait_at_most
 
 log = logging.getLogger("fairpool.gateway")
 
@@ -116,8 +116,7 @@ class Drain:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), min(remaining, LOOK_INTERVAL))
+            await wait_at_most(self._idle, min(remaining, LOOK_INTERVAL))
         if not self._in_flight:
             return
         self._cutting = True
@@ -126,9 +125,8 @@ class Drain:
             flight.cut = True
             self.cut += 1
             flight.task.cancel()
-        try:
-            await asyncio.wait_for(self._idle.wait(), CUT_GRACE)
-        except TimeoutError:
+        await wait_at_most(self._idle, CUT_GRACE)
+        if self._in_flight:
             log.error("%d requests did not end after being cut", len(self._in_flight))
 
     async def serve(

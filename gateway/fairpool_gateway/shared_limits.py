@@ -60,6 +60,7 @@ from fairpool.front.limits import (
     requests_rejection,
     tokens_rejection,
 )
+from fairpool.runtime import wait_at_most
 
 log = logging.getLogger("fairpool.gateway")
 
@@ -392,8 +393,7 @@ class SharedLimiter:
             if self._down is None:
                 await self._renew()
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.spec.lease_seconds / 3)
+                await wait_at_most(self._wake, self.spec.lease_seconds / 3)
             else:
                 await asyncio.sleep(RETRY_INTERVAL)
                 await self._try_again()

@@ -17,11 +17,11 @@ exports the metrics once per `idle_check` seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from fairpool.runtime import wait_at_most
 from fairpool.sched.requests import Request, Running
 from fairpool.sim.engine import Completion, SimEngine
 from fairpool_engine.live import LiveScheduler
@@ -135,8 +135,7 @@ class EngineRunner:
             if engine.idle() or engine.stalled:
                 self.metrics.observe_engine(engine, self.live, force=True)
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.idle_check)
+                await wait_at_most(self._wake, self.idle_check)
                 engine.now = self.now()  # an idle engine's clock catches up at once
                 continue
             engine.now = self.now()

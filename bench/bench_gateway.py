@@ -425,7 +425,6 @@ async def measure_max(
     running: RunningProxy, engines: list[Process], settings: Settings
 ) -> dict[str, Any]:
     """Closed loop with `settings.concurrency` streams through `running`."""
-    client = sender(*running.targets[0])
     make = request_maker(
         running.proxy,
         LATENCY_TENANTS,
@@ -434,17 +433,14 @@ async def measure_max(
         8,
         new_connections=settings.new_connections,
     )
-    concurrency = settings.concurrency
-    try:
-        await closed_loop_results(client, make, concurrency, min(3.0, settings.max_duration))
-        before = Cpu.now(running, engines)
-        started = now()
-        results = await closed_loop_results(client, make, concurrency, settings.max_duration)
-        elapsed = now() - started
-        cpu = Cpu.now(running, engines).since(before)
-    finally:
-        await client.close()
-    row = {"concurrency": concurrency, **latency_row(results, elapsed), **cpu}
+    row = await closed_loop_row(
+        running,
+        engines,
+        make,
+        settings.concurrency,
+        warmup=min(3.0, settings.max_duration),
+        duration=settings.max_duration,
+    )
     row["req_per_s_per_proxy_core"] = (
         round(row["achieved_per_s"] / row["proxy_cpu_cores"]) if row["proxy_cpu_cores"] else None
     )
@@ -456,13 +452,33 @@ async def measure_sweep(
 ) -> dict[str, Any]:
     """Closed loop with `concurrency` streams through `running`, the latency case's
     requests (streamed chat, `settings.max_tokens` output tokens)."""
-    client = sender(*running.targets[0])
     make = request_maker(running.proxy, LATENCY_TENANTS, "chat", settings.max_tokens, 8)
+    return await closed_loop_row(
+        running,
+        engines,
+        make,
+        concurrency,
+        warmup=min(1.0, settings.sweep_duration),
+        duration=settings.sweep_duration,
+    )
+
+
+async def closed_loop_row(
+    running: RunningProxy,
+    engines: list[Process],
+    make: MakeRequest,
+    concurrency: int,
+    warmup: float,
+    duration: float,
+) -> dict[str, Any]:
+    """`concurrency` streams through `running` for `warmup` seconds, then measured for
+    `duration`: the latency row and the CPU each part used."""
+    client = sender(*running.targets[0])
     try:
-        await closed_loop_results(client, make, concurrency, min(1.0, settings.sweep_duration))
+        await closed_loop_results(client, make, concurrency, warmup)
         before = Cpu.now(running, engines)
         started = now()
-        results = await closed_loop_results(client, make, concurrency, settings.sweep_duration)
+        results = await closed_loop_results(client, make, concurrency, duration)
         elapsed = now() - started
         cpu = Cpu.now(running, engines).since(before)
     finally:

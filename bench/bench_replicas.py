@@ -76,6 +76,7 @@ from bench_gateway import (
     Flood,
     MakeRequest,
     closed_loop_results,
+    closed_loop_row,
     flood_engine_options,
     latency_row,
     open_loop_results,
@@ -459,16 +460,7 @@ async def measure_processes(
     connection per stream, and the kernel spreads the connections over the processes."""
     make = request_maker(PROXY, OVERHEAD_TENANTS, "chat", 4, 8)
     streams = settings.process_streams
-    client = sender(*running.targets[0])
-    try:
-        await closed_loop_results(client, make, streams, 2.0)
-        before, started = Cpu.now(running, engines), time.perf_counter()
-        results = await closed_loop_results(client, make, streams, settings.overhead_seconds)
-        elapsed = time.perf_counter() - started
-        cpu = Cpu.now(running, engines).since(before)
-    finally:
-        await client.close()
-    return {**latency_row(results, elapsed), **cpu}
+    return await closed_loop_row(running, engines, make, streams, 2.0, settings.overhead_seconds)
 
 
 # ---------------------------------------------------------------------- report

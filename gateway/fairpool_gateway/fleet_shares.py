@@ -51,15 +51,17 @@ def shares(
     for (pool, tenant), served in service.items():
         if served.recent > 0:
             recent_by_pool.setdefault(pool, {})[tenant] = served.recent
+    totals = {pool: sum(recent.values()) for pool, recent in recent_by_pool.items()}
+    weight_sums = {
+        pool: sum(weights.get(tenant, 1.0) for tenant in recent)
+        for pool, recent in recent_by_pool.items()
+    }
     found = []
     for (pool, tenant), served in sorted(service.items()):
-        recent = recent_by_pool.get(pool, {})
-        pool_service = sum(recent.values())
-        share = served.recent / pool_service if pool_service else 0.0
+        share = served.recent / totals[pool] if pool in totals else 0.0
         error = None
-        if tenant in recent:
-            weight_sum = sum(weights.get(other, 1.0) for other in recent)
-            error = share - weights.get(tenant, 1.0) / weight_sum
+        if served.recent > 0:
+            error = share - weights.get(tenant, 1.0) / weight_sums[pool]
         found.append(Share(pool, tenant, served.total, served.recent, share, error))
     return found
 

@@ -24,12 +24,11 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import sys
 import traceback
 from collections.abc import Callable
 
-from fairpool.api.gateway_config import GatewayConfig
+from fairpool.api.gateway_config import GatewayConfig, GatewayPool
 from fairpool.front.limits import divided_limits
 
 
@@ -37,26 +36,7 @@ def config_for_worker(config: GatewayConfig, workers: int) -> GatewayConfig:
     """What each of `workers` processes runs with (see the module's docstring)."""
     if workers == 1:
         return config
-    update: dict[str, object] = {
-        "pools": [
-            pool.model_copy(
-                update={
-                    "routing": pool.routing.model_copy(
-                        update={
-                            "saturation": pool.routing.saturation.model_copy(
-                                update={
-                                    "max_outstanding": math.ceil(
-                                        pool.routing.saturation.max_outstanding / workers
-                                    )
-                                }
-                            )
-                        }
-                    )
-                }
-            )
-            for pool in config.pools
-        ]
-    }
+    update: dict[str, object] = {"pools": [_pool_part(pool, workers) for pool in config.pools]}
     if config.shared_state is not None:
         replicas = config.shared_state.replicas * workers
         update["shared_state"] = config.shared_state.model_copy(update={"replicas": replicas})
@@ -68,19 +48,13 @@ def config_for_worker(config: GatewayConfig, workers: int) -> GatewayConfig:
     return config.model_copy(update=update)
 
 
-def reuse_port_socket(host: str, port: int, listen: bool) -> socket.socket:
-    """A TCP socket on (host, port) that other sockets of this user may bind too; the
-    kernel spreads connections over those that listen. The parent binds one without
-    listening, only to hold the port (and learn it, for port 0)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    if listen:
-        sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+def _pool_part(pool: GatewayPool, workers: int) -> GatewayPool:
+    """`pool` with its `maxOutstanding` divided among `workers` processes (rounded up)."""
+    saturation = pool.routing.saturation
+    part = math.ceil(saturation.max_outstanding / workers)
+    saturation = saturation.model_copy(update={"max_outstanding": part})
+    routing = pool.routing.model_copy(update={"saturation": saturation})
+    return pool.model_copy(update={"routing": routing})
 
 
 def run_workers(workers: int, run_one: Callable[[int], None]) -> int:

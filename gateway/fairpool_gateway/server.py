@@ -24,7 +24,7 @@ from fairpool.sched.errors import ConfigError
 from fairpool_gateway.app import admin_app, tenant_app
 from fairpool_gateway.connections import HeaderDeadlineProtocol
 from fairpool_gateway.gateway import Gateway
-from fairpool_gateway.processes import config_for_worker, reuse_port_socket, run_workers
+from fairpool_gateway.processes import config_for_worker, run_workers
 from fairpool_gateway.protocol import GatewayError
 
 log = logging.getLogger("fairpool.gateway")
@@ -104,13 +104,19 @@ class GatewayASGI:
                 return
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A listening TCP socket. `reuse_port`: other sockets of this user may bind the port
+    too, and the kernel spreads connections over those that listen (`--workers`: the
+    parent binds one without listening, to hold the port and learn it for port 0)."""
     # IPPROTO_TCP, not 0: asyncio turns Nagle off only on sockets that say they are TCP.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
@@ -188,7 +194,7 @@ def serve(
             sockets=[tenant_socket, admin_socket]
         )
         return 0
-    held = reuse_port_socket(tenant_host, tenant_port, listen=False)  # the port, for them all
+    held = bind(tenant_host, tenant_port, reuse_port=True, listen=False)  # the port, for all
     tenant_port = held.getsockname()[1]
     admin_sockets = [
         bind(config.admin.host, admin_port + index if admin_port else 0) for index in range(workers)
@@ -197,7 +203,7 @@ def serve(
     worker_config = config_for_worker(config, workers)
 
     def run_one(index: int) -> None:
-        tenant_socket = reuse_port_socket(tenant_host, tenant_port, listen=True)
+        tenant_socket = bind(tenant_host, tenant_port, reuse_port=True)
         admin_socket = admin_sockets[index]
         for other in admin_sockets:
             if other is not admin_socket:

@@ -854,6 +854,17 @@ def ms(row: dict[str, Any], metric: str) -> str:
     return f"{row[metric]['p50_ms']:.2f} / {row[metric]['p99_ms']:.2f}"
 
 
+def added_cells(row: dict[str, Any]) -> tuple[str, str]:
+    """The added TTFT and total latency cells (p50 / p99) of a row, or dashes."""
+    added = row.get("added_ms")
+    if not added:
+        return "—", "—"
+    return (
+        f"{added['ttft_p50']:+.2f} / {added['ttft_p99']:+.2f}",
+        f"{added['total_p50']:+.2f} / **{added['total_p99']:+.2f}**",
+    )
+
+
 def table(results: dict[str, Any]) -> str:
     lines: list[str] = []
     latency = results.get("latency") or []
@@ -874,11 +885,7 @@ def table(results: dict[str, Any]) -> str:
                 continue
             if row["rate"] != rate:
                 continue
-            added = row.get("added_ms")
-            added_ttft = f"{added['ttft_p50']:+.2f} / {added['ttft_p99']:+.2f}" if added else "—"
-            added_total = (
-                f"{added['total_p50']:+.2f} / **{added['total_p99']:+.2f}**" if added else "—"
-            )
+            added_ttft, added_total = added_cells(row)
             lines.append(
                 f"| {row['proxy']} | {row['achieved_per_s']:g} | {row['errors']} | "
                 f"{ms(row, 'ttft')} | {ms(row, 'total')} | {added_ttft} | {added_total} | "
@@ -898,11 +905,7 @@ def table(results: dict[str, Any]) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in sweep:
-            added = row.get("added_ms")
-            added_ttft = f"{added['ttft_p50']:+.2f} / {added['ttft_p99']:+.2f}" if added else "—"
-            added_total = (
-                f"{added['total_p50']:+.2f} / **{added['total_p99']:+.2f}**" if added else "—"
-            )
+            added_ttft, added_total = added_cells(row)
             lines.append(
                 f"| {row['proxy']} | {row['concurrency']} | {row['achieved_per_s']:g} | "
                 f"{row['errors']} | {ms(row, 'ttft')} | {ms(row, 'total')} | {added_ttft} | "

@@ -23,10 +23,13 @@ Five measurements:
    `--window` seconds: each tenant's service (1 × uncached prompt + 2 × output tokens)
    from the engines' own counters, gold : bronze, and the engines' total service per
    second against the one-replica run's. The gateways' saturation is the flood
-   benchmark's (`maxOutstanding: 8` per worker; `--max-outstanding` sets another), with
-   the pool's `fairEngines` off (the cap, counted per replica, is then what the weights
-   depend on) and on (each tenant keeps `tenantWaiting` requests waiting in every engine,
-   whose VTC decides; `--fair-engines off,on`).
+   benchmark's (`maxOutstanding: 8` per worker; `--max-outstanding` sets another). Three
+   setups (`--engines fair,stock,alone`): `fair`, engines running VTC with the weights
+   and the pool's `fairEngines` on (each tenant keeps `tenantWaiting` requests waiting
+   in every engine, whose VTC decides); `stock`, engines serving first come, first served
+   (as stock vLLM) behind replicas that share their queues and caps through the shared
+   state (the gateways' fair queue decides); `alone`, the same engines behind replicas
+   without shared state (each decides on its own requests).
 
 3. **Overhead** (`overhead`). One gateway (pinned to core 1; the worker, the load generator
    and the Valkey server share core 0), one engine-sim at `--speedup 1000` (model time
@@ -65,6 +68,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +134,7 @@ def gateways(
     cores: str | None = None,
     fair_engines: bool = False,
     processes: int = 1,
+    shared: bool = True,
 ) -> Iterator[list[RunningProxy]]:
     """`count` gateways with one configuration, each ready on its own port."""
     started: list[RunningProxy] = []
@@ -139,7 +144,7 @@ def gateways(
             config = gateway_config(port, free_port(), workers, tenants, None)
             config["pools"][0]["routing"]["saturation"]["maxOutstanding"] = max_outstanding
             config["pools"][0]["fairEngines"] = fair_engines
-            if store is not None:
+            if store is not None and shared:
                 config["sharedState"] = {"url": store.url, "replicas": count}
             if limits:
                 for entry in config["tenants"]:
@@ -236,26 +241,44 @@ async def measure_limit(
 # ---------------------------------------------------------------------- weights
 
 
+@dataclass(frozen=True)
+class Setup:
+    """Engines and gateways of one weights run."""
+
+    engine_policy: str
+    fair_engines: bool
+    shared: bool
+    label: str
+
+
+SETUPS = {
+    "fair": Setup("vtc", True, True, "VTC engines, fairEngines on"),
+    "stock": Setup("fcfs", False, True, "FCFS engines, shared queues"),
+    "alone": Setup("fcfs", False, False, "FCFS engines, replicas alone"),
+}
+
+
 def run_weights(settings: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
     rows = [
-        weights_row(settings, logs, replicas, layout, fair)
-        for fair in settings.fair_engines
+        weights_row(settings, logs, replicas, layout, setup)
+        for setup in settings.engines
         for replicas in settings.replicas
         for layout in (("skewed", "spread") if replicas > 1 else ("skewed",))
     ]
     for row in rows:
-        fair = row["fair_engines"]
-        base = next(one for one in rows if one["replicas"] == 1 and one["fair_engines"] == fair)
+        base = next(one for one in rows if one["replicas"] == 1 and one["setup"] == row["setup"])
         row["throughput_vs_one"] = round(row["service_per_s"] / base["service_per_s"], 3)
     return rows
 
 
 def weights_row(
-    settings: argparse.Namespace, logs: Path, replicas: int, layout: str, fair: bool
+    settings: argparse.Namespace, logs: Path, replicas: int, layout: str, name: str
 ) -> dict[str, Any]:
+    setup = SETUPS[name]
     weights = {GOLD.name: GOLD.weight, BRONZE.name: BRONZE.weight}
+    options = flood_engine_options(weights, setup.engine_policy)
     with (
-        started_engines(2, flood_engine_options(weights, "vtc"), None, logs) as engines,
+        started_engines(2, options, None, logs) as engines,
         LocalStore() as store,
         gateways(
             replicas,
@@ -264,12 +287,13 @@ def weights_row(
             store,
             logs,
             max_outstanding=settings.max_outstanding,
-            fair_engines=fair,
+            fair_engines=setup.fair_engines,
+            shared=setup.shared,
         ) as running,
     ):
         row = asyncio.run(measure_weights(settings, running, engines, layout))
-    row["fair_engines"] = fair
-    say(f"weights, {replicas} replica(s), {layout}, fairEngines {fair}: {row['ratio']:.2f}")
+    row["setup"] = name
+    say(f"weights, {replicas} replica(s), {layout}, {setup.label}: {row['ratio']:.2f}")
     return row
 
 
@@ -546,9 +570,9 @@ def table(results: dict[str, Any]) -> str:
     weights = results.get("weights") or []
     if weights:
         lines += [
-            "### Weights gold 4 : bronze 1, both flooding, engines VTC with the same weights",
+            "### Weights gold 4 : bronze 1, both flooding",
             "",
-            "| fairEngines | replicas | traffic | gold : bronze (engines' service) | service/s "
+            "| setup | replicas | traffic | gold : bronze (engines' service) | service/s "
             "| vs one replica | errors |",
             "|---|---:|---|---:|---:|---:|---:|",
         ]
@@ -557,12 +581,23 @@ def table(results: dict[str, Any]) -> str:
             if row["replicas"] == 1:
                 traffic = "one gateway"
             lines.append(
-                f"| {'on' if row.get('fair_engines') else 'off'} | {row['replicas']} | {traffic} "
+                f"| {SETUPS[row['setup']].label} | {row['replicas']} | {traffic} "
                 f"| {row['ratio']:.2f} : 1 | {row['service_per_s']:,.0f} "
                 f"| {row['throughput_vs_one']:.2f}× | {row['errors']} |"
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def setups(text: str) -> list[str]:
+    """`--engines`: known setup names, separated by commas."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in SETUPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown setup {unknown[0]!r}: one of {', '.join(SETUPS)}"
+        )
+    return names
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -581,10 +616,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", default="1,2,4", help="gateway replica counts")
     parser.add_argument("--streams", type=int, default=48, help="streams per tenant")
     parser.add_argument(
-        "--fair-engines",
-        type=lambda text: [{"on": True, "off": False}[part] for part in text.split(",")],
-        default=[False, True],
-        help="the gateways' fairEngines setting(s): off,on",
+        "--engines",
+        type=setups,
+        default=list(SETUPS),
+        help="weights: the setups to run, of fair, stock, alone",
     )
     parser.add_argument(
         "--process-streams", type=int, default=32, help="processes: closed-loop streams (32)"

@@ -1,7 +1,8 @@
 """Several gateway replicas sharing tenant state in a real Valkey server started by the
 test, on loopback, with `fairpool engine-sim` workers: a tenant's limits hold across the
-replicas, losing the server fails no request, and fair engines keep their weights
-whichever replica each tenant comes through."""
+replicas, losing the server fails no request, and the weights hold whichever replica
+each tenant comes through: kept by fair engines, or by the replicas' shared queues in
+front of a stock engine."""
 
 from __future__ import annotations
 
@@ -101,21 +102,32 @@ REQUESTS = 40  # per tenant
 JUDGED = 25  # completions: both tenants still have requests left at any ratio up to 4 : 1
 
 
-@pytest.mark.parametrize("fair_engines", [True, False], ids=["fair-engines", "caps-only"])
-def test_engine_weights_hold_with_each_tenant_through_its_own_replica(tmp_path, fair_engines):
-    """The shape the field gets wrong: weights 4 : 1 in the engine's VTC scheduler, two
-    gateway replicas each capping a worker at one request, one tenant entering through
-    each. With caps alone each replica keeps one request of its tenant in the engine and
-    the engine, never choosing, serves them 1 : 1. With `fairEngines` each tenant keeps
-    up to `tenantWaiting` requests waiting in the engine (the default 8: more than the 4
-    it admits at once), refilled as they start, and the engine's weights decide: as
-    many as 4.57 : 1, what the engine gives the same 80 requests sent to it directly.
+@pytest.mark.parametrize(
+    ("engine_policy", "fair_engines", "share"),
+    [("vtc", True, True), ("fcfs", False, True), ("fcfs", False, False)],
+    ids=["fair-engines", "stock-engine-shared-queue", "stock-engine-replicas-alone"],
+)
+def test_weights_hold_with_each_tenant_through_its_own_replica(
+    tmp_path, engine_policy, fair_engines, share
+):
+    """The shape the field gets wrong: weights 4 : 1, two gateway replicas capping a
+    worker at one request, one tenant entering through each.
+
+    - Fair engines (VTC in the engine, `fairEngines`): each tenant keeps up to
+      `tenantWaiting` requests waiting in the engine (the default 8: more than the 4 it
+      admits at once), refilled as they start, and the engine's weights decide: as many
+      as 4.57 : 1, what the engine gives the same 80 requests sent to it directly.
+    - A stock engine (first come, first served) behind replicas that share their queues:
+      the cap counts both replicas' requests, and a freed slot goes to the tenant that is
+      furthest below its share whichever replica holds it (`fairpool.front.peers`).
+    - The same without shared state: each replica keeps one request of its own tenant
+      in the engine, and the engine, never choosing, serves them 1 : 1.
 
     Every request is at a gateway before the engine runs (held), and the judgement is in
     the engine's own order of events, at its 25th completion (the most the flood could
     have had done by then is 25 of its 40, so both tenants were backlogged throughout)."""
     scheduler = tmp_path / "scheduler.yaml"
-    scheduler.write_text("policy: vtc\ntenants: {flood: 4, light: 1}\n")
+    scheduler.write_text(f"policy: {engine_policy}\ntenants: {{flood: 4, light: 1}}\n")
     # 500 KV tokens hold about four of these requests (50 + 64 tokens) at a time.
     options = {"profile": "llama2-7b-a10g", "memory_tokens": 500, "max_model_len": 256}
     with LocalStore() as store, engines(1, speedup=5.0, scheduler_config=str(scheduler),
@@ -126,36 +138,45 @@ def test_engine_weights_hold_with_each_tenant_through_its_own_replica(tmp_path, 
             routing={"saturation": {"maxOutstanding": 1}, "queueTimeoutSeconds": 300},
             fairEngines=fair_engines,
         )
+        if share:
+            config = shared(config, store)
         runner = workers[0].sim.runner
         finishes = Finishes(runner, ("flood", "light"))
-        with gateway(shared(config, store)) as a, gateway(shared(config, store)) as b:
+        with gateway(config) as a, gateway(config) as b:
             runner.engine.listener = finishes
             try:
                 asyncio.run(flood_through({"flood": a, "light": b}, workers[0]))
             finally:
                 runner.engine.listener = runner
-            # One dashboard for the fleet: replica a reports what b served light.
-            served_by_b = gateway_metric(b, "fairpool_gateway_service_total", tenant="light")
-            assert served_by_b > 0
-            wait_until(
-                lambda: gateway_metric(a, "fairpool_gateway_fleet_service_total", tenant="light"),
-                lambda fleet: fleet == served_by_b,
-                what="replica a reads light's service through b from the shared state",
-            )
-            # D2LPM's deficits are shared: b, which never routed flood, spent its credit.
-            router = b.gateway.pools["main"].front.router
-            wait_until(
-                lambda: router.tenant_state().get("flood", {}).get(workers[0].url, 0.0),
-                lambda deficit: deficit < 0,
-                what="replica b charged flood's service through a",
-            )
+            if share:
+                check_fleet_state_is_shared(a, b, workers[0].url)
     served, _ = finishes.events[JUDGED - 1]
     ratio = served["flood"] / served["light"]
-    print(f"fairEngines {fair_engines}: flood : light = {ratio:.2f} at completion {JUDGED}")
-    if fair_engines:
+    print(f"{engine_policy} engine, shared {share}: flood : light = {ratio:.2f} at {JUDGED}")
+    if share:
         assert ratio > 3.0
     else:
         assert ratio < 1.6
+
+
+def check_fleet_state_is_shared(a, b, worker: str) -> None:
+    """One dashboard for the fleet, and one routing table: replica a reports what b
+    served light, and b, which never routed flood, spent flood's D2LPM credit."""
+    served_by_b = gateway_metric(b, "fairpool_gateway_service_total", tenant="light")
+    assert served_by_b > 0
+    wait_until(
+        lambda: gateway_metric(a, "fairpool_gateway_fleet_service_total", tenant="light"),
+        lambda fleet: fleet == served_by_b,
+        what="replica a reads light's service through b from the shared state",
+    )
+    shown = httpx.get(f"{a.admin_url}/admin/pools").json()["main"]
+    assert shown["otherReplicas"] == 1  # each replica hears the other's holdings
+    router = b.gateway.pools["main"].front.router
+    wait_until(
+        lambda: router.tenant_state().get("flood", {}).get(worker, 0.0),
+        lambda deficit: deficit < 0,
+        what="replica b charged flood's service through a",
+    )
 
 
 async def flood_through(replicas: dict[str, object], worker) -> None:

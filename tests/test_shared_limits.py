@@ -18,10 +18,10 @@ from polling import eventually
 
 from fairpool.api.gateway_config import SharedStateSpec
 from fairpool.api.tenant_quota import TenantLimits
-from fairpool.front import FrontRequest, Rejection, TenantLimiter, Ticket
+from fairpool.front import FrontRequest, Outcome, Rejection, TenantLimiter, Ticket, Usage
 from fairpool_cli.local.store import LocalStore
+from fairpool_gateway.shared_fronts import SharedFronts
 from fairpool_gateway.shared_limits import SharedLimiter
-from fairpool_gateway.shared_routing import SharedCharges
 
 pytestmark = pytest.mark.subprocess
 
@@ -274,29 +274,83 @@ def test_every_replica_reads_the_fleets_service_and_it_leaves_the_window(store):
     asyncio.run(scenario())
 
 
-def test_replicas_apply_each_others_routing_charges_and_not_their_own(store):
-    """D2LPM's deficits shared: what one replica's request was charged on a worker reaches
-    the other replica's table (`SharedCharges`), and no replica applies its own twice."""
+class HeardCharges:
+    """Stands for a pool's front: records what the other replicas charged."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, float]] = []
+
+    def charged_elsewhere(self, tenant: str, worker: str, service: float) -> None:
+        self.heard.append((tenant, worker, service))
+
+
+def test_replicas_apply_each_others_charges_and_not_their_own(store):
+    """D2LPM's deficits and the queue's counters shared: what one replica's request was
+    charged on a worker reaches the other replica's front (`SharedFronts`), and no
+    replica applies its own twice."""
 
     async def scenario() -> None:
         a, b = replicas(store)
-        heard: dict[str, list[tuple[str, str, str, float]]] = {"a": [], "b": []}
-        charges = {
-            name: SharedCharges(
-                limiter, lambda: ["chat"], lambda *charge, n=name: heard[n].append(charge)
-            )
+        fronts = {"a": HeardCharges(), "b": HeardCharges()}
+        shared = {
+            name: SharedFronts(limiter, lambda n=name: {"chat": fronts[n]})  # type: ignore[misc]
             for name, limiter in (("a", a), ("b", b))
         }
-        for listener in charges.values():
+        for listener in shared.values():
             assert await listener.poll() == 0  # each starts from now
         settled = SimpleNamespace(
             pool="chat", worker="http://w0", service=300.0, request=SimpleNamespace(tenant="acme")
         )
-        charges["a"].settled(settled)  # type: ignore[arg-type]
+        shared["a"].settled(settled)  # type: ignore[arg-type]
         await a.sent()
-        assert await charges["b"].poll() == 1 and await charges["a"].poll() == 0
-        assert heard == {"a": [], "b": [("chat", "acme", "http://w0", 300.0)]}
-        assert await charges["b"].poll() == 0  # read once
+        assert await shared["b"].poll() == 1 and await shared["a"].poll() == 0
+        assert fronts["a"].heard == [] and fronts["b"].heard == [("acme", "http://w0", 300.0)]
+        assert await shared["b"].poll() == 0  # read once
+        await close(a, b)
+
+    asyncio.run(scenario())
+
+
+def test_replicas_hear_each_others_holdings_and_forget_a_replica_that_stops(store):
+    """Each replica's report of its pool (requests in flight per worker, tenants queued)
+    reaches the other through the server; the cap then counts both, a freed slot goes to
+    the tenant the other replica holds, and a replica that stops stops counting: at once
+    when it closes, within `STATE_SECONDS` when it dies."""
+    from test_front_peers import replicas as fronts_over_two_workers
+
+    async def scenario() -> None:
+        a, b = replicas(store)
+        front_a, front_b = fronts_over_two_workers(2, cap=1, share=False)
+        shared = {
+            name: SharedFronts(limiter, lambda f=front: {"chat": f})  # type: ignore[misc]
+            for name, limiter, front in (("a", a, front_a), ("b", b, front_b))
+        }
+        for index in range(3):  # bronze fills both workers through a, one waits there
+            front_a.arrive(FrontRequest(f"bronze{index}", "bronze", "", 30, 40))
+        await shared["a"].exchange()
+        await shared["b"].exchange()
+        gold = front_b.arrive(FrontRequest("gold", "gold", "", 30, 40))
+        assert gold.queued  # b counts a's requests in the cap
+        await shared["b"].exchange()  # b tells of gold, waiting there
+        await shared["a"].exchange()  # ... and a hears of it
+        first = next(flight for flight in front_a._flights.values() if not flight.queued)
+        first.settle(Outcome(usage=Usage(30, 0, 40)))
+        assert front_a.queue.queued("bronze") == 1  # a holds bronze back for gold
+        await shared["a"].exchange()  # a tells of the open slot
+        await shared["b"].exchange()  # ... and b, hearing of it, sends gold
+        assert not gold.queued
+        await shared["a"].close()  # withdraws its report
+        await shared["b"].exchange()
+        assert front_b.peers is not None and len(front_b.peers) == 0  # type: ignore[arg-type]
+        await shared["a"].exchange()  # back, and then silent: forgotten within the lease
+        await shared["b"].exchange()
+        assert len(front_b.peers) == 1  # type: ignore[arg-type]
+
+        async def heard() -> int:
+            await shared["b"].exchange()
+            return len(front_b.peers)  # type: ignore[arg-type]
+
+        await eventually(heard, lambda count: count == 0, what="b forgot a, silent")
         await close(a, b)
 
     asyncio.run(scenario())

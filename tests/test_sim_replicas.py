@@ -1,8 +1,9 @@
 """Gateway replicas in the simulator: N fronts of their own (queue, routing, saturation
-counts) before one set of fair engines, in virtual time. With `fairEngines` the engines'
-weights hold whatever the number of replicas and however the traffic reaches them; with
-the saturation caps alone and each tenant through its own replica, they do not — the
-collapse the gateway's `fairEngines` rule exists for (docs/gateway.md)."""
+counts) before one set of engines, in virtual time. With `fairEngines` the engines'
+weights hold whatever the number of replicas and however the traffic reaches them; in
+front of stock (first come, first served) engines the replicas' shared queues hold them
+(`fairpool.front.peers`); with replicas that decide alone and each tenant through its own
+replica, they do not — the collapse both exist for (docs/gateway.md)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,28 @@ pytestmark = pytest.mark.unit
 WARMUP, END = 20.0, 80.0  # virtual seconds: the ratio is read between them
 
 
-def ratio(replicas: int, traffic: str, fair_engines: bool, gold_weight: float) -> float:
+def ratio(
+    replicas: int,
+    traffic: str,
+    fair_engines: bool,
+    gold_weight: float,
+    engines: str = "vtc",
+    share_state: bool = True,
+) -> float:
     """gold : bronze service between WARMUP and END, both flooding (24 streams each)."""
     weights = TenantWeights({"gold": gold_weight, "bronze": 1.0})
     config = FleetConfig.from_profile(
         get_profile("llama2-7b-a10g"),
         memory_tokens=2048,
         workers=2,
-        policy="vtc",
+        policy=engines,
         router="d2lpm",
         weights=weights,
         saturation=Saturation(maxOutstanding=8),
         gateway_replicas=replicas,
         replica_traffic=traffic,  # type: ignore[arg-type]
         fair_engines=fair_engines,
+        share_state=share_state,
     )
     clients = [ClosedLoop(tenant, 24, 100, 150, 64) for tenant in ("gold", "bronze")]
     recorder = Fleet(config).run([], duration=END, clients=clients)
@@ -54,6 +63,19 @@ def test_with_fair_engines_the_weights_hold_across_replicas(replicas, traffic, g
     assert ratio(replicas, traffic, True, gold_weight) == pytest.approx(gold_weight, rel=0.1)
 
 
-def test_with_caps_alone_each_tenant_through_its_own_replica_the_weights_collapse():
-    assert ratio(1, "tenant", False, 4.0) == pytest.approx(4.0, rel=0.1)  # one gateway decides
-    assert ratio(2, "tenant", False, 4.0) < 2.0  # each replica fills its own share
+@settings(max_examples=8, deadline=None)
+@given(
+    replicas=st.integers(1, 4),
+    traffic=st.sampled_from(["spread", "tenant"]),
+    gold_weight=st.sampled_from([2.0, 4.0]),
+)
+def test_before_stock_engines_the_shared_queues_hold_the_weights_across_replicas(
+    replicas, traffic, gold_weight
+):
+    measured = ratio(replicas, traffic, False, gold_weight, engines="fcfs")
+    assert measured == pytest.approx(gold_weight, rel=0.1)
+
+
+def test_replicas_deciding_alone_each_tenant_through_its_own_the_weights_collapse():
+    assert ratio(1, "tenant", False, 4.0, engines="fcfs") == pytest.approx(4.0, rel=0.1)
+    assert ratio(2, "tenant", False, 4.0, engines="fcfs", share_state=False) < 2.0

@@ -4,6 +4,7 @@
 - `queue`: the fair queue (VTC across tenants) that holds requests while the pool is full.
 - `lifecycle`: `PoolFront`, the one request lifecycle — admit, hold, route, dispatch,
   observe, settle — that the gateway runs over HTTP and the simulator in virtual time.
+- `peers`: what a front knows of the gateway's other replicas, when they share state.
 """
 
 from fairpool.front.lifecycle import (

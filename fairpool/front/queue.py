@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fairpool.front.limits import Rejection
 from fairpool.sched import CostModel, EngineSnapshot, Request, TenantWeights, make_policy
@@ -73,6 +73,13 @@ class FairQueue:
         self._policy.add(request)
         self._since[request.request_id] = self._clock()
 
+    def next_tenant(self) -> str | None:
+        """The tenant whose request `release()` would admit next (None if nobody waits)."""
+        if not self._policy.waiting_count:
+            return None
+        request = self._policy.next_request(self._view)
+        return None if request is None else request.tenant
+
     def release(self, tenant: str | None = None) -> str | None:
         """Admit the queued request that is next in fair order — of `tenant` only, if
         given — and return its id (None if nobody waits). It is charged its prompt now,
@@ -106,6 +113,16 @@ class FairQueue:
         self._policy.record_output(request_id, tokens)
         self._charged[request_id] = Tokens(charged.extend, (charged.output or 0) + tokens)
 
+    def charge_elsewhere(self, tenant: str, service: float) -> None:
+        """Another replica's queue served `tenant` `service` (`fairpool.front.peers`): it
+        counts in this queue's order too."""
+        self._policy.charge_elsewhere(tenant, service)
+
+    def wait_with(self, counters: Callable[[], Iterable[float]]) -> None:
+        """`counters` gives the counters of the tenants waiting at the other replicas: a
+        tenant that starts waiting here is lifted to the smallest of all (VTC's lift)."""
+        self._policy.waiting_elsewhere = counters
+
     def finish(self, request_id: str, served: Tokens) -> None:
         """An admitted request is over: its charge is corrected to `served` (a part left
         None stays as charged; `Tokens(0, 0)` refunds everything, for a request no engine
@@ -136,6 +153,11 @@ class FairQueue:
     @property
     def weights(self) -> TenantWeights:
         return self._policy.weights
+
+    @property
+    def weighs_tenants(self) -> bool:
+        """Whether its order follows the tenants' weighted service (vtc; fcfs does not)."""
+        return self._policy.weighs_tenants
 
     def queued_tenants(self) -> list[str]:
         return self._policy.waiting_tenants()

@@ -92,6 +92,9 @@ class LocalPolicy(ABC):
         self._arrivals = itertools.count()
         self._match_order = MatchOrder()
         self._requeues = itertools.count(start=-1, step=-1)
+        #: The counters of tenants waiting in other queues that share this one's order
+        #: (a gateway's replicas, `fairpool.front.peers`); an engine has none.
+        self.waiting_elsewhere: Callable[[], Iterable[float]] = tuple
 
     # ------------------------------------------------------------------ events
 
@@ -172,6 +175,12 @@ class LocalPolicy(ABC):
         """Add `service` (negative to refund) to what `request_id`'s tenant was charged,
         when the engine learns that an estimate it charged was off."""
         return self._charge(self._served_request(request_id).tenant, service)
+
+    def charge_elsewhere(self, tenant: str, service: float) -> None:
+        """Another queue that shares this one's order (a gateway replica's) served
+        `tenant` `service`: it counts in the order as this policy's own service does, and
+        not in `served`, which is this policy's own."""
+        self._on_charge(tenant, service)
 
     def preempt(self, request_id: str) -> None:
         """Send a running request back to the front of the queue, already paid for. Its

@@ -37,6 +37,7 @@ from fairpool.front import (
     TenantLimiter,
     Usage,
 )
+from fairpool.front.replicas import share_among
 from fairpool.sched.batch import BatchPlan
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import (
@@ -95,10 +96,11 @@ class FleetConfig:
     replica_traffic: Literal["spread", "tenant"] = "spread"
     # The gateway's `fairEngines`; None: as the engines' policy says (vtc, dlpm: on).
     fair_engines: bool | None = None
-    # Replicas tell each other what each request was charged on its worker, as the
-    # gateway's replicas do through the shared state (D2LPM's deficits; off: each
-    # replica routes on its own requests alone).
-    share_deficits: bool = True
+    # Replicas tell each other what each request was charged on its worker, and what
+    # each holds (`fairpool.front.peers`), as the gateway's replicas do through the
+    # shared state: D2LPM's deficits, the fair queue's order and the saturation cap span
+    # them all (off: each replica decides on its own requests alone).
+    share_state: bool = True
 
     def __post_init__(self) -> None:
         require_count("workers", self.workers, minimum=1)
@@ -209,8 +211,8 @@ class Fleet:
         self._end = math.inf
         for front in self.fronts:
             front.listeners.append(_StreamsListener(self))
-            if config.share_deficits and len(self.fronts) > 1:
-                front.listeners.append(_SharedDeficits(front, self.fronts))
+        if config.share_state and len(self.fronts) > 1:
+            share_among(self.fronts)
         if config.cold_start:
             names = list(self._positions)
             for front in self.fronts:
@@ -534,22 +536,6 @@ class _StreamsListener(FrontListener):
     def settled(self, settlement: Settlement) -> None:
         retry_after = 1.0 if settlement.status == 429 else 0.0
         self.fleet._stream_ended(settlement.request.request_id, retry_after)
-
-
-class _SharedDeficits(FrontListener):
-    """Tells the other replicas what a settled request was charged on its worker, at once
-    (the gateway's replicas hear it through the shared state within a poll)."""
-
-    def __init__(self, front: PoolFront, fronts: list[PoolFront]) -> None:
-        self.others = [other for other in fronts if other is not front]
-
-    def settled(self, settlement: Settlement) -> None:
-        if settlement.worker is None:
-            return
-        for other in self.others:
-            other.router.charge_elsewhere(
-                settlement.request.tenant, settlement.worker, settlement.service
-            )
 
 
 def _charged_tenants(plan: BatchPlan) -> set[str]:

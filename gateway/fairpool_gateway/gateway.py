@@ -21,8 +21,8 @@ from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
 from fairpool_gateway.processes import config_for_worker
 from fairpool_gateway.proxy import upstream_session
+from fairpool_gateway.shared_fronts import SharedFronts
 from fairpool_gateway.shared_limits import SharedLimiter, read_password
-from fairpool_gateway.shared_routing import SharedCharges
 from fairpool_gateway.tenants import TenantTable
 
 log = logging.getLogger("fairpool.gateway")
@@ -51,8 +51,9 @@ class Gateway:
         self.listeners: list[FrontListener] = [self.ledger]
         #: The fleet-wide shares, read from the shared state (None without one).
         self.fleet: FleetShares | None = None
-        #: D2LPM's charges told to and heard from the other replicas (None without one).
-        self.charges: SharedCharges | None = None
+        #: The fronts' charges and holdings, told to and heard from the other replicas
+        #: (None without shared state).
+        self.peers: SharedFronts | None = None
         if config.shared_state is not None:
             shared = SharedLimiter(
                 config.shared_state, password=read_password(config.shared_state.password_file)
@@ -66,8 +67,10 @@ class Gateway:
                 lambda: self.tenants.weights(),  # the table in force: a reload replaces it
             )
             self.metrics.registry.register(self.fleet)
-            self.charges = SharedCharges(shared, lambda: list(self.pools), self._charged_elsewhere)
-            self.listeners.append(self.charges)
+            self.peers = SharedFronts(
+                shared, lambda: {name: pool.front for name, pool in self.pools.items()}
+            )
+            self.listeners.append(self.peers)
         self._session: aiohttp.ClientSession | None = None  # to the workers; made in start()
         # Health checks get their own connections: queued behind busy streams, a check
         # would time out and take a healthy worker out of rotation.
@@ -90,8 +93,8 @@ class Gateway:
         self._session = upstream_session()
         if self.shared is not None:
             await self.shared.start()
-        if self.charges is not None:
-            await self.charges.start()
+        if self.peers is not None:
+            await self.peers.start()
         self._apply_pools(self.config)
         self._reloader = asyncio.create_task(self._watch_config())
 
@@ -102,8 +105,8 @@ class Gateway:
             await pool.stop()
         if self._session is not None:
             await self._session.close()
-        if self.charges is not None:
-            await self.charges.close()
+        if self.peers is not None:
+            await self.peers.close()
         if self.shared is not None:
             await self.shared.close()
         await self.health_client.aclose()
@@ -188,12 +191,6 @@ class Gateway:
                 document["localUsage"] = document["usage"]
                 document["usage"] = shared
         return document
-
-    def _charged_elsewhere(self, pool: str, tenant: str, worker: str, service: float) -> None:
-        """Another replica's request was charged `service` on `worker` (shared deficits)."""
-        found = self.pools.get(pool)
-        if found is not None:
-            found.front.router.charge_elsewhere(tenant, worker, service)
 
     def _deficits(self) -> Iterator[tuple[str, str, str, float]]:
         for name, pool in self.pools.items():

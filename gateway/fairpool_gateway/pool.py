@@ -103,13 +103,14 @@ class Pool:
         ]
 
     def snapshot(self) -> dict[str, object]:
-        router = self.front.router
+        router, peers = self.front.router, self.front.peers
         workers: dict[str, object] = {}
         for url, health in self.monitor.workers.items():
             state = router.workers.get(url)
             workers[url] = {
                 "healthy": health.healthy,
                 "outstanding": state.outstanding if state else 0,
+                "outstandingElsewhere": peers.in_flight(url) if peers is not None else 0,
                 "chainRoom": router.room(url) if state else None,
                 "waiting": state.waiting if state else None,
                 "kvUsage": state.kv_usage if state else None,
@@ -122,6 +123,8 @@ class Pool:
             "workers": workers,
             "prefixTreeChars": router.cache_size(),
             "queued": self.front.queue.queued(),
+            # the other replicas heard through the shared state; None without one
+            "otherReplicas": len(peers) if peers is not None else None,
         }
 
     # ------------------------------------------------------------------ internals

@@ -4,13 +4,15 @@ A Python gateway is one event loop on one core. To use more cores in one pod, N 
 each bind the tenant port with SO_REUSEPORT, and the kernel spreads new connections over
 them. Each process is a replica of the gateway in every respect:
 
-- with `sharedState`, hard limits and the fleet's service record are shared as between
-  pods, and each process counts as a replica for the fallback (`replicas` × N);
+- with `sharedState`, hard limits, the fleet's service record, D2LPM's deficits and the
+  fair queues (their order and, without fair engines, `maxOutstanding`) are shared as
+  between pods, and each process counts as a replica for the fallback (`replicas` × N);
 - without it, each process keeps its limits in memory divided by N (the fallback's rule),
   so the processes together stay near the limits;
-- each keeps `maxOutstanding` ÷ N (rounded up) per worker, so the engines see what one
-  process would send; with fair engines (`fairEngines`) the engines' weights hold across
-  the processes as across replicas (docs/gateway.md);
+- where no shared count covers it (no `sharedState`, or fair engines, which keep the cap
+  per replica), each keeps `maxOutstanding` ÷ N (rounded up) per worker, so the engines
+  see what one process would send; with fair engines (`fairEngines`) the engines'
+  weights hold across the processes as across replicas (docs/gateway.md);
 - process i serves its admin API (metrics, tenant state, probes) on the admin port + i.
 
 The parent only supervises: SIGTERM or SIGINT has every process drain and stop, and
@@ -36,10 +38,15 @@ def config_for_worker(config: GatewayConfig, workers: int) -> GatewayConfig:
     """What each of `workers` processes runs with (see the module's docstring)."""
     if workers == 1:
         return config
-    update: dict[str, object] = {"pools": [_pool_part(pool, workers) for pool in config.pools]}
-    if config.shared_state is not None:
-        replicas = config.shared_state.replicas * workers
-        update["shared_state"] = config.shared_state.model_copy(update={"replicas": replicas})
+    shared = config.shared_state
+    update: dict[str, object] = {
+        "pools": [
+            _pool_part(pool, workers) if shared is None or pool.fair_engines else pool
+            for pool in config.pools
+        ]
+    }
+    if shared is not None:
+        update["shared_state"] = shared.model_copy(update={"replicas": shared.replicas * workers})
     else:
         update["tenants"] = [
             tenant.model_copy(update={"limits": divided_limits(tenant.limits, workers)})

@@ -107,6 +107,18 @@ def light_share_while_both_backlogged(server: Server) -> tuple[float, int]:
     return (admitted["light"] / total if total else float("nan")), total
 
 
+def contended_bursts(server: Server, attempts: int = 3) -> tuple[float, int]:
+    """`burst` until the trace shows both tenants backlogged together: on a loaded machine
+    vLLM's API server may hand the light requests over only after the flood has been
+    served, which leaves nothing to compare (not a result either way)."""
+    for _ in range(attempts):
+        asyncio.run(burst(server))
+        share, contended = light_share_while_both_backlogged(server)
+        if contended >= 4:
+            break
+    return share, contended
+
+
 @pytest.fixture(scope="module")
 def fair_server(server_factory, scratch: Path) -> Server:
     config = write_config(
@@ -125,14 +137,12 @@ def test_the_plugin_is_loaded_and_exports_per_tenant_metrics(fair_server: Server
 def test_a_flooding_tenant_does_not_starve_a_light_one_unlike_fcfs(
     fair_server: Server, server_factory, scratch: Path
 ):
-    asyncio.run(burst(fair_server))
-    fair_share, fair_contended = light_share_while_both_backlogged(fair_server)
+    fair_share, fair_contended = contended_bursts(fair_server)
     # The same burst on vLLM's own order: the plugin with `fcfs` admits exactly as stock
     # vLLM does (arrival order, preempted requests first), and traces it the same way.
     config = write_config(scratch / "fcfs.json", policy="fcfs")
     fcfs = server_factory("fcfs", config=config, extra=("--max-num-seqs", "2"))
-    asyncio.run(burst(fcfs))
-    fcfs_share, fcfs_contended = light_share_while_both_backlogged(fcfs)
+    fcfs_share, fcfs_contended = contended_bursts(fcfs)
     print(
         f"light tenant's share of admissions while both were backlogged: fair "
         f"{fair_share:.2f} of {fair_contended}, fcfs {fcfs_share:.2f} of {fcfs_contended}"

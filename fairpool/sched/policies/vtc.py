@@ -9,7 +9,8 @@ request first (lines 19-26). Prefill is charged at admission (line 24, footnote 
 per generated token (line 30). A tenant that gets a waiting request after having none is
 lifted to the smallest counter of the tenants that are waiting (lines 7-13), or to the
 counter of the tenant that most recently left the queue when nobody is waiting (lines
-9-10): credit from idle periods is not banked, and debts are kept.
+9-10): credit from idle periods is not banked, and debts are kept. In a gateway's replicas
+the tenants waiting include those waiting at the other replicas (`waiting_elsewhere`).
 
 Lemma 4.3: while anyone waits, the counters of waiting tenants stay within U of each other.
 """
@@ -37,6 +38,7 @@ class VTC(LocalPolicy):
 
     def _on_join(self, tenant: str, idle: bool) -> None:
         waiting = [self.counters[other] for other in self.waiting_tenants()]
+        waiting.extend(self.waiting_elsewhere())
         if waiting:
             floor = min(waiting)
         elif self._last_left is not None:

@@ -1,0 +1,206 @@
+"""What the pools' fronts tell each other across the gateway's replicas, through the
+shared state: what each request was charged, and what each replica holds.
+
+**Charges.** D2LPM (`fairpool.sched.routers.d2lpm`) moves a tenant off the worker that
+caches its prompts once the tenant's service there has used its credit, Q^w, and the fair
+queue orders tenants by their weighted service. A replica that counted only its own
+requests would see a tenant's credit last N times longer through N replicas (each sees a
+N-th of the traffic), and order its queue by a N-th of the service. So each replica tells
+the others what every settled request was charged on its worker — one `XADD` to the
+pool's stream in the server, sent with the settlement in the same round trip — and reads
+what the others charged every `POLL_SECONDS`, applying it to its own front
+(`PoolFront.charged_elsewhere`: the router's deficits and the queue's counters). Every
+replica refills by the same rule from the same charges, so their tables agree but for
+requests still in flight elsewhere (a charge is told at completion) and the last poll.
+
+**Holdings.** With the same poll, each replica publishes for each pool what it holds —
+its requests in flight per worker, and per tenant its requests queued and the tenant's
+counter (`fairpool.front.peers.ReplicaState`) — and hears the others', in one script call
+per pool, all pools in one round trip. The fronts then count the other replicas' requests
+in `maxOutstanding` and their queued tenants in the fair order (`PoolFront.share_with`),
+and release what the others' reports let go. A report lives `STATE_SECONDS` unless
+renewed, so a replica that died stops counting within that; one that stops cleanly
+withdraws its reports at once. While the server is down every replica decides alone,
+its cap divided by the replicas as the hard limits are (`HeardPeers.lost`).
+
+The prefix tree stays per replica: each learns which worker caches what from what it sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from fairpool.front import FrontListener, PoolFront, Settlement
+from fairpool.front.peers import HeardPeers, ReplicaState
+from fairpool.sched.errors import ConfigError
+from fairpool_gateway.shared_limits import SharedLimiter
+
+log = logging.getLogger("fairpool.gateway")
+
+#: How often a replica reads the others' charges and holdings.
+POLL_SECONDS = 0.1
+#: Entries a pool's stream keeps (older ones are trimmed; a replica far behind skips them).
+STREAM_LENGTH = 10_000
+#: How long a replica's report of its holdings counts without being renewed.
+STATE_SECONDS = 1.0
+
+STATES_SCRIPT = resources.files("fairpool_gateway").joinpath("replica_states.lua").read_text()
+
+
+class SharedFronts(FrontListener):
+    """Publishes this replica's charges and holdings and applies the others' (module
+    docstring). `fronts` gives the pools' fronts by pool name."""
+
+    def __init__(
+        self, shared: SharedLimiter, fronts: Callable[[], Mapping[str, PoolFront]]
+    ) -> None:
+        self.shared = shared
+        self.fronts = fronts
+        self.replica = uuid.uuid4().hex[:12]
+        self._last: dict[str, str] = {}  # pool → id of the last entry read
+        self._states = shared.client.register_script(STATES_SCRIPT)
+        self._task: asyncio.Task[None] | None = None
+
+    def key(self, pool: str) -> str:
+        return f"{self.shared.prefix}:pool:{{{pool}}}:charges"
+
+    def _state_keys(self, pool: str) -> list[str]:
+        tag = f"{self.shared.prefix}:pool:{{{pool}}}"
+        return [f"{tag}:replicas", f"{tag}:holdings"]
+
+    def settled(self, settlement: Settlement) -> None:
+        if settlement.worker is None or settlement.service <= 0:
+            return
+        fields = {
+            "replica": self.replica,
+            "tenant": settlement.request.tenant,
+            "worker": settlement.worker,
+            "service": repr(settlement.service),
+        }
+        key = self.key(settlement.pool)
+        self.shared.send_soon(
+            lambda pipeline: pipeline.xadd(key, fields, maxlen=STREAM_LENGTH, approximate=True)
+        )
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._follow())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.shared.up:  # the others stop counting this replica's holdings now
+            with contextlib.suppress(TimeoutError, RedisError, OSError):
+                pipeline = self.shared.client.pipeline(transaction=False)
+                for pool in self.fronts():
+                    replicas, holdings = self._state_keys(pool)
+                    pipeline.zrem(replicas, self.replica)
+                    pipeline.hdel(holdings, self.replica)
+                await pipeline.execute()
+
+    # ------------------------------------------------------------------ charges
+
+    async def poll(self) -> int:
+        """Read and apply what the other replicas charged since the last poll; returns
+        how many charges were applied. Pools seen for the first time start from now."""
+        client = self.shared.client
+        fronts = self.fronts()
+        for pool in fronts:
+            if pool not in self._last:  # after the stream's last entry (or its start)
+                last = await client.xrevrange(self.key(pool), count=1)
+                self._last[pool] = _text(last[0][0]) if last else "0-0"
+        streams = {self.key(pool): self._last[pool] for pool in fronts}
+        if not streams:
+            return 0
+        answer = await client.xread(streams, count=1000)
+        applied = 0
+        by_key = {self.key(pool): pool for pool in fronts}
+        for key, entries in answer or []:
+            pool = by_key[_text(key)]
+            for entry_id, fields in entries:
+                self._last[pool] = _text(entry_id)
+                values = {_text(name): _text(value) for name, value in fields.items()}
+                if values.get("replica") == self.replica:
+                    continue
+                try:
+                    service = float(values["service"])
+                    fronts[pool].charged_elsewhere(values["tenant"], values["worker"], service)
+                except (KeyError, ValueError):
+                    continue  # not one of ours: nothing to apply
+                applied += 1
+        return applied
+
+    # ------------------------------------------------------------------ holdings
+
+    async def exchange(self) -> None:
+        """Publish this replica's holdings of every pool and hear the others' (one round
+        trip); then each pool's front releases what they let go."""
+        fronts = self.fronts()
+        if not fronts:
+            return
+        pipeline = self.shared.client.pipeline(transaction=False)
+        for pool, front in fronts.items():
+            arguments = [self.replica, front.replica_state().to_json(), STATE_SECONDS]
+            await self._states(keys=self._state_keys(pool), args=arguments, client=pipeline)
+        answers = await pipeline.execute()
+        for front, answer in zip(fronts.values(), answers, strict=True):
+            heard = {}
+            for replica, text in _pairs(answer):
+                if replica == self.replica:
+                    continue
+                with contextlib.suppress(ConfigError):  # not one of ours: nothing to count
+                    heard[replica] = ReplicaState.from_json(text)
+            self._hear(front, heard)
+
+    def lose_peers(self) -> None:
+        """The server is down: each replica decides alone until it is back, its cap
+        divided by the replicas (`HeardPeers.lost`)."""
+        for front in self.fronts().values():
+            self._peers_of(front).lost(self.shared.spec.replicas)
+            front.release_waiting()
+
+    @staticmethod
+    def _hear(front: PoolFront, states: Mapping[str, ReplicaState]) -> None:
+        SharedFronts._peers_of(front).hear(states)
+        front.release_waiting()
+
+    @staticmethod
+    def _peers_of(front: PoolFront) -> HeardPeers:
+        """`front`'s peers; a new pool (or a rebuilt one) starts sharing now."""
+        peers = front.peers
+        if not isinstance(peers, HeardPeers):
+            peers = HeardPeers()
+            front.share_with(peers)
+        return peers
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            if not self.shared.up:
+                self.lose_peers()
+                continue
+            try:
+                await self.poll()
+                await self.exchange()
+            except (TimeoutError, RedisError, OSError) as error:
+                log.debug("exchanging state with the other replicas failed: %s", error)
+                self.lose_peers()
+
+
+def _pairs(answer: Any) -> list[tuple[str, Any]]:
+    """A flat HGETALL-style list [field, value, ...] as (field, value) pairs."""
+    items = list(answer or [])
+    return [(_text(items[index]), items[index + 1]) for index in range(0, len(items) - 1, 2)]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+from front_helpers import replicas as fronts_over_two_workers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polling import eventually
@@ -20,6 +21,7 @@ from fairpool.api.gateway_config import SharedStateSpec
 from fairpool.api.tenant_quota import TenantLimits
 from fairpool.front import FrontRequest, Outcome, Rejection, TenantLimiter, Ticket, Usage
 from fairpool_cli.local.store import LocalStore
+from fairpool_gateway import shared_fronts
 from fairpool_gateway.shared_fronts import SharedFronts
 from fairpool_gateway.shared_limits import SharedLimiter
 
@@ -277,6 +279,8 @@ def test_every_replica_reads_the_fleets_service_and_it_leaves_the_window(store):
 class HeardCharges:
     """Stands for a pool's front: records what the other replicas charged."""
 
+    peers = None  # holds nothing the other replicas wait for
+
     def __init__(self) -> None:
         self.heard: list[tuple[str, str, float]] = []
 
@@ -316,7 +320,6 @@ def test_replicas_hear_each_others_holdings_and_forget_a_replica_that_stops(stor
     reaches the other through the server; the cap then counts both, a freed slot goes to
     the tenant the other replica holds, and a replica that stops stops counting: at once
     when it closes, within `STATE_SECONDS` when it dies."""
-    from test_front_peers import replicas as fronts_over_two_workers
 
     async def scenario() -> None:
         a, b = replicas(store)
@@ -352,5 +355,48 @@ def test_replicas_hear_each_others_holdings_and_forget_a_replica_that_stops(stor
 
         await eventually(heard, lambda count: count == 0, what="b forgot a, silent")
         await close(a, b)
+
+    asyncio.run(scenario())
+
+
+def test_a_settlement_another_replica_waits_for_wakes_it_without_a_poll(store, monkeypatch):
+    """A slot that frees while another replica holds requests may be that replica's: the
+    settling replica publishes its holdings and wakes the others at once (with polling
+    made hourly here, only the wake-up can bring the freed slot to replica b in time)."""
+    monkeypatch.setattr(shared_fronts, "POLL_SECONDS", 3600.0)
+
+    async def scenario() -> None:
+        a, b = replicas(store)
+        front_a, front_b = fronts_over_two_workers(2, cap=1, share=False)
+        shared = {
+            name: SharedFronts(limiter, lambda f=front: {f.name: f})  # type: ignore[misc]
+            for name, limiter, front in (("a", a, front_a), ("b", b, front_b))
+        }
+        for front, listener in ((front_a, shared["a"]), (front_b, shared["b"])):
+            front.listeners.append(listener)  # as in the gateway: it hears settlements
+        first = [
+            front_a.arrive(FrontRequest(f"bronze{index}", "bronze", "", 30, 40))
+            for index in range(2)
+        ]
+        await shared["a"].exchange()
+        await shared["b"].exchange()
+        gold = front_b.arrive(FrontRequest("gold", "gold", "", 30, 40))
+        await shared["b"].exchange()
+        await shared["a"].exchange()  # a knows gold waits at b
+        await shared["b"].start()  # b now exchanges only when woken
+        try:
+            assert gold.queued
+            await shared["a"].start()
+            server = redis.Redis(port=store.port)
+            await eventually(  # a wake-up sent before b listens would be lost (polls remain)
+                lambda: server.pubsub_numsub(shared["b"].channel)[0][1] >= 2,
+                what="both replicas listen",
+            )
+            first[0].settle(Outcome(usage=Usage(30, 0, 40)))  # a's slot frees: b is told
+            await eventually(lambda: not gold.queued, what="b sent gold to the freed slot")
+        finally:
+            await shared["a"].close()
+            await shared["b"].close()
+            await close(a, b)
 
     asyncio.run(scenario())

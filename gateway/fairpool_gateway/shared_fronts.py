@@ -23,6 +23,14 @@ renewed, so a replica that died stops counting within that; one that stops clean
 withdraws its reports at once. While the server is down every replica decides alone,
 its cap divided by the replicas as the hard limits are (`HeardPeers.lost`).
 
+**Wake-ups.** A slot that frees while another replica holds requests may be that
+replica's to take, and a poll's wait would leave it idle: in front of FCFS engines, with
+each tenant through its own replica, polling alone cost 37 % of the engines' throughput
+(bench_replicas). So a settlement on a pool where another replica has requests queued
+has this replica publish its holdings at once (at most every `MIN_INTERVAL` seconds) and
+`PUBLISH` a wake-up on the replicas' channel in the same round trip; a replica that hears
+one publishes and reads the holdings at once, without waking the others in turn.
+
 The prefix tree stays per replica: each learns which worker caches what from what it sent.
 """
 
@@ -40,6 +48,7 @@ from redis.exceptions import RedisError
 
 from fairpool.front import FrontListener, PoolFront, Settlement
 from fairpool.front.peers import HeardPeers, ReplicaState
+from fairpool.runtime import wait_at_most
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.shared_limits import SharedLimiter
 
@@ -51,6 +60,8 @@ POLL_SECONDS = 0.1
 STREAM_LENGTH = 10_000
 #: How long a replica's report of its holdings counts without being renewed.
 STATE_SECONDS = 1.0
+#: The shortest time between two exchanges, however many wake-ups come.
+MIN_INTERVAL = 0.005
 
 STATES_SCRIPT = resources.files("fairpool_gateway").joinpath("replica_states.lua").read_text()
 
@@ -67,7 +78,14 @@ class SharedFronts(FrontListener):
         self.replica = uuid.uuid4().hex[:12]
         self._last: dict[str, str] = {}  # pool → id of the last entry read
         self._states = shared.client.register_script(STATES_SCRIPT)
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._due = asyncio.Event()  # exchange now, not at the next poll
+        self._tell = False  # ... and wake the other replicas with it
+
+    @property
+    def channel(self) -> str:
+        """Where the replicas wake each other."""
+        return f"{self.shared.prefix}:replicas:wake"
 
     def key(self, pool: str) -> str:
         return f"{self.shared.prefix}:pool:{{{pool}}}:charges"
@@ -89,15 +107,21 @@ class SharedFronts(FrontListener):
         self.shared.send_soon(
             lambda pipeline: pipeline.xadd(key, fields, maxlen=STREAM_LENGTH, approximate=True)
         )
+        front = self.fronts().get(settlement.pool)
+        peers = None if front is None else front.peers
+        if peers is not None and peers.waiting_counters():  # the slot may be theirs
+            self._tell = True
+            self._due.set()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._follow())
+        self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._listen())]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         if self.shared.up:  # the others stop counting this replica's holdings now
             with contextlib.suppress(TimeoutError, RedisError, OSError):
                 pipeline = self.shared.client.pipeline(transaction=False)
@@ -141,9 +165,10 @@ class SharedFronts(FrontListener):
 
     # ------------------------------------------------------------------ holdings
 
-    async def exchange(self) -> None:
+    async def exchange(self, wake_others: bool = False) -> None:
         """Publish this replica's holdings of every pool and hear the others' (one round
-        trip); then each pool's front releases what they let go."""
+        trip; `wake_others`: and have them do the same now); then each pool's front
+        releases what they let go."""
         fronts = self.fronts()
         if not fronts:
             return
@@ -151,7 +176,9 @@ class SharedFronts(FrontListener):
         for pool, front in fronts.items():
             arguments = [self.replica, front.replica_state().to_json(), STATE_SECONDS]
             await self._states(keys=self._state_keys(pool), args=arguments, client=pipeline)
-        answers = await pipeline.execute()
+        if wake_others:
+            pipeline.publish(self.channel, self.replica)
+        answers = (await pipeline.execute())[: len(fronts)]  # the wake-up's answer last
         for front, answer in zip(fronts.values(), answers, strict=True):
             heard = {}
             for replica, text in _pairs(answer):
@@ -184,16 +211,41 @@ class SharedFronts(FrontListener):
 
     async def _follow(self) -> None:
         while True:
-            await asyncio.sleep(POLL_SECONDS)
+            await wait_at_most(self._due, POLL_SECONDS)
+            self._due.clear()
+            wake_others, self._tell = self._tell, False
             if not self.shared.up:
                 self.lose_peers()
                 continue
             try:
                 await self.poll()
-                await self.exchange()
+                await self.exchange(wake_others)
             except (TimeoutError, RedisError, OSError) as error:
                 log.debug("exchanging state with the other replicas failed: %s", error)
                 self.lose_peers()
+            except Exception:  # a defect: said loudly, and the replica decides alone
+                log.exception("exchanging state with the other replicas failed")
+                self.lose_peers()
+            await asyncio.sleep(MIN_INTERVAL)
+
+    async def _listen(self) -> None:
+        """Exchange at once when another replica says a slot freed (`channel`)."""
+        while True:
+            pubsub = self.shared.client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                while True:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=POLL_SECONDS
+                    )
+                    if message is not None and _text(message["data"]) != self.replica:
+                        self._due.set()
+            except (TimeoutError, RedisError, OSError) as error:
+                log.debug("listening for the other replicas failed: %s", error)
+                await asyncio.sleep(POLL_SECONDS)  # polling goes on meanwhile
+            finally:
+                with contextlib.suppress(TimeoutError, RedisError, OSError):
+                    await pubsub.aclose()
 
 
 def _pairs(answer: Any) -> list[tuple[str, Any]]:

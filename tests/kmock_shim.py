@@ -11,9 +11,12 @@ out what a kopf operator leans on. This emulator adds:
   object as ADDED and loses what happened while no watch was open; a deletion event gets
   a resourceVersion of its own;
 - the status subresource: a PATCH of `.../status` changes only `.status`, a PATCH of the
-  object leaves `.status` alone (for resources that declare the subresource).
+  object leaves `.status` alone (for resources that declare the subresource);
+- fairpool's resources created as the API server stores them: the CRDs' pruning and
+  defaults (`fairpool.api.stored`).
 
-Still missing, and so not tested here: schema validation and pruning, RBAC, field ownership
+Still missing, and so not tested here: schema validation, pruning and defaults beyond
+fairpool's resources and on updates (a merge patch is stored as sent), RBAC, field ownership
 of server-side apply (applied as a merge patch), label selectors (ignored), the garbage
 collector (owner references are stored, never acted on), and every controller (no pods are
 made for a Deployment: tests play the controller).
@@ -32,6 +35,8 @@ from typing import Any
 import attrs
 import kmock
 from kmock._internal import aiobus, enums
+
+from fairpool.api.stored import schema_of, stored
 
 CRDS = {
     "fairpool.io/v1alpha1/inferencepools": ("InferencePool", "inferencepool", {"fpool"}),
@@ -92,6 +97,10 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
         data = request.data
         if request.resource is not None and request.action == enums.action.CREATE:
             if isinstance(data, dict):
+                if schema_of(str(data.get("kind"))) is not None:
+                    kept = stored(data)
+                    data.clear()
+                    data.update(kept)
                 metadata = data.setdefault("metadata", {})
                 metadata.setdefault("uid", str(uuid.uuid4()))
                 metadata.setdefault("creationTimestamp", _now())

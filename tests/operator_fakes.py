@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+from fairpool.api.stored import schema_of, stored
 from fairpool_operator.api import Api, ApiError, Kind, kind_of, matches
 
 
@@ -103,6 +104,7 @@ class FakeApi(Api):
         obj = self.objects[kind, name]
         obj["spec"] = {**obj.get("spec", {}), **copy.deepcopy(dict(spec))}
         obj["metadata"]["generation"] += 1
+        self.objects[kind, name] = server_defaults(obj)
 
     def take_writes(self) -> list[tuple[str, str, str]]:
         writes, self.writes = self.writes, []
@@ -110,7 +112,10 @@ class FakeApi(Api):
 
 
 def server_defaults(obj: dict[str, Any]) -> dict[str, Any]:
-    """Some of what a real API server adds or rewrites on write."""
+    """Some of what a real API server adds or rewrites on write; fairpool's own resources
+    exactly as it stores them (the CRD's pruning and defaults)."""
+    if schema_of(str(obj.get("kind"))) is not None:
+        return stored(obj)
     if obj.get("kind") == "Secret" and "stringData" in obj:
         encoded = {
             k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()

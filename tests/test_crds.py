@@ -383,6 +383,8 @@ def operator_only(kind: str, document: Schema) -> bool:
     if kind != "InferencePool":
         return False
     spec = document.get("spec", {})
+    if spec.get("placement") is not None:  # maxModelLen, one of nodeGroups and discovery, ...
+        return True
     kind_of_engine = (spec.get("engine") or {}).get("kind", "vllm")
     return kind_of_engine == "vllm" and (spec.get("model") or {}).get("source") is None
 
@@ -417,6 +419,8 @@ def with_mutations(
     return st.builds(mutated, valid, changes)
 
 
+#: A placement that passes (examples/pipeline.yaml's), beside one that does not.
+PLACEMENT = yaml.safe_load((ROOT / "examples" / "pipeline.yaml").read_text())["spec"]["placement"]
 POOL_SPECS = with_mutations(
     st.fixed_dictionaries(
         {
@@ -450,7 +454,7 @@ POOL_SPECS = with_mutations(
                 queuePolicy=some("vtc", "fcfs"),
                 queueTimeoutSeconds=some(30),
             ),
-            "placement": some(None, {"chains": [{"gpus": ["a100", "h100"]}]}),
+            "placement": some(None, {"chains": [{"gpus": ["a100", "h100"]}]}, PLACEMENT),
         },
     ),
     [

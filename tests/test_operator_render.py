@@ -17,6 +17,7 @@ import yaml
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.rendering import engine_arguments
+from fairpool.api.stored import stored
 from fairpool.sched.errors import ConfigError
 from fairpool_cli.local.plan import HOST, engine_process, fairpool_command
 from fairpool_cli.main import main
@@ -48,7 +49,7 @@ def pool_body(name: str = "chat", uid: str = "uid-chat", **spec: Any) -> dict[st
         },
     }
     body["spec"].update(spec)
-    return body
+    return stored(body)  # what the operator reads: the CRD's defaults filled in
 
 
 def tenant_body(name: str, weight: float = 1, pools: list[str] | None = None, **spec: Any):
@@ -63,7 +64,7 @@ def tenant_body(name: str, weight: float = 1, pools: list[str] | None = None, **
         },
     }
     body["spec"].update(spec)
-    return body
+    return stored(body)
 
 
 def secret_body(name: str, labelled: bool = True, **keys: str) -> dict[str, Any]:

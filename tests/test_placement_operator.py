@@ -32,6 +32,7 @@ from fairpool.api.pool_plan import (
     read_nodes,
     spec_field,
 )
+from fairpool.api.stored import stored
 from fairpool.placement.model import ResponseBounds
 from fairpool.placement.planner import PlannedChain, PoolPlan, check_partition
 from fairpool.sched.errors import ConfigError
@@ -62,7 +63,7 @@ def example_body(**placement: Any) -> dict[str, Any]:
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"]["uid"] = "uid-70b"
     body["spec"]["placement"].update(copy.deepcopy(placement))
-    return body
+    return stored(body)  # what the operator reads: the CRD's defaults filled in
 
 
 def example_pool(**placement: Any) -> InferencePool:

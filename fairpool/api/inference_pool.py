@@ -163,10 +163,21 @@ class Saturation(Spec):
     )
 
 
+def _no_default_in_schema(schema: dict[str, Any]) -> None:
+    """A default that depends on other fields stays out of the CRD: the API server would
+    store it, and the models would then take it for the user's choice (a placement pool's
+    unset routing policy would look like an explicit d2lpm, and be refused)."""
+    schema.pop("default", None)
+
+
 class RoutingSpec(Spec):
     """How the gateway spreads requests over the pool's replicas."""
 
-    policy: str = Field(default="d2lpm", description="d2lpm, cache_aware, least_load, ...")
+    policy: str = Field(
+        default="d2lpm",
+        description="d2lpm, cache_aware, least_load, ... (unset: d2lpm, or jffc with placement).",
+        json_schema_extra=_no_default_in_schema,
+    )
     worker_quantum: float | None = Field(
         default=None,
         gt=0,

@@ -2,7 +2,9 @@
 Secrets holding API keys, from multi-document YAML files.
 
 Every error names the file, the document and the field: `local.yaml, document 2:
-spec.weight: Input should be greater than 0`. Documents of other kinds are skipped.
+spec.weight: Input should be greater than 0`. Documents of other kinds are skipped. A
+resource is read as the API server would store it (`fairpool.api.stored`: the CRD's
+defaults filled in), so `fairpool up`, `plan` and `render` see what the operator will.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fairpool.api.common import Metadata
 from fairpool.api.inference_pool import InferencePool
+from fairpool.api.stored import pruned_fields, stored
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
@@ -73,7 +76,10 @@ def load_manifests(*paths: str | Path, option: str = "-f") -> Manifests:
             model = KINDS.get(kind)
             if model is None:
                 continue
-            resource: Any = validate(model, document, where)
+            unknown = pruned_fields(document)
+            if unknown:  # as `kubectl apply` (strict field validation) refuses them
+                raise ConfigError(f"{where}: {unknown[0]}", "unknown field")
+            resource: Any = validate(model, stored(document), where)
             name = resource.tenant if kind == "TenantQuota" else resource.metadata.name
             if (kind, name) in seen:
                 raise ConfigError(

@@ -1,11 +1,12 @@
 """`fairpool render -f FILE.yaml`: what the operator would create for the manifests in a
 file, without a cluster — the same planning and rendering functions, printed.
 
-Pools, tenants and key Secrets are read as the API would hold them (no uid yet: owner
-references name the pool and show a placeholder uid). Problems the operator would put in a
-status condition are reported on stderr, naming the object and the field. Placement pools
-render their chains as LeaderWorkerSets only when asked (`--lws`: there is no cluster to
-ask), and those that discover their nodes read them from `--nodes FILE`.
+Pools, tenants and key Secrets are read as the API would hold them: the CRDs' defaults
+filled in and unknown fields dropped (and reported: `kubectl apply` refuses them), no uid
+yet (owner references name the pool and show a placeholder uid). Problems the operator
+would put in a status condition are reported on stderr, naming the object and the field.
+Placement pools render their chains as LeaderWorkerSets only when asked (`--lws`: there is
+no cluster to ask), and those that discover their nodes read them from `--nodes FILE`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from fairpool.api.manifests import read_documents as manifest_documents
+from fairpool.api.stored import pruned_fields, stored
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import NamespacePlan, plan_namespace
 
@@ -53,7 +55,7 @@ def render_files(
         if doc.get("kind") == "Secret"
     }
     plan = plan_namespace(pools, quotas, secrets, config, nodes=nodes)
-    return Rendering(plan.objects, problems(plan))
+    return Rendering(plan.objects, unknown_fields(paths) + problems(plan))
 
 
 def problems(plan: NamespacePlan) -> list[str]:
@@ -88,5 +90,22 @@ _Dumper.add_representer(str, _string)
 
 
 def read_documents(path: Path) -> list[dict[str, Any]]:
-    """The InferencePool, TenantQuota and Secret documents of a (multi-document) YAML file."""
-    return [document for _, document in manifest_documents(path) if document.get("kind") in KINDS]
+    """The InferencePool, TenantQuota and Secret documents of a (multi-document) YAML file,
+    as the API server would store them (`fairpool.api.stored`)."""
+    return [
+        stored(document)
+        for _, document in manifest_documents(path)
+        if document.get("kind") in KINDS
+    ]
+
+
+def unknown_fields(paths: Sequence[str | Path]) -> list[str]:
+    """The fields of the files' resources their CRDs do not know: `kubectl apply` refuses
+    them (strict field validation), or the API server drops them."""
+    return [
+        f"{document['kind']} {document.get('metadata', {}).get('name')}: {field}: unknown "
+        "field (kubectl apply refuses it)"
+        for path in paths
+        for _, document in manifest_documents(Path(path))
+        for field in pruned_fields(document)
+    ]

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.api.manifests import load_manifests
+from fairpool_operator.config import OperatorConfig
 
 pytestmark = pytest.mark.subprocess
 
@@ -577,6 +578,9 @@ def test_operator_command_and_environment_follow_the_contract(full_docs):
     spec = deployment["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "ops"
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    # the engine pods the operator makes pull with the same Secrets
+    config = OperatorConfig.from_environment({k: v for k, v in env.items() if isinstance(v, str)})
+    assert config.pull_secrets == ("regcred",)
 
 
 @needs_helm

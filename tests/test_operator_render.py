@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -144,9 +145,15 @@ def test_engine_pods_are_non_root_read_only_and_ready_on_health() -> None:
     engine = container(deployment)
     assert engine["securityContext"]["readOnlyRootFilesystem"] is True
     assert engine["securityContext"]["allowPrivilegeEscalation"] is False
-    assert volumes(deployment)["tmp"] == {"name": "tmp", "emptyDir": {}}
+    # /tmp and /dev/shm are bounded: a pod that writes past them is evicted, not its node
+    assert volumes(deployment)["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "32Gi"}}
+    assert volumes(deployment)["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     assert mounts(deployment)["tmp"]["mountPath"] == "/tmp"
-    assert engine["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+        assert engine[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    # a vLLM replica may load its model for 30 minutes before liveness counts
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 1800
     assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     # the scheduler configuration: a directory (no subPath), so ConfigMap updates reach it
     scheduler = mounts(deployment)["scheduler"]
@@ -156,6 +163,33 @@ def test_engine_pods_are_non_root_read_only_and_ready_on_health() -> None:
         "readOnly": True,
     }
     assert volumes(deployment)["scheduler"]["configMap"] == {"name": "chat-scheduler"}
+
+
+def test_probes_and_volumes_follow_the_pool_and_engines_get_the_charts_pull_secrets() -> None:
+    sized = pool(engine={"kind": "vllm", "startupSeconds": 3605, "shmSize": "1Gi"})
+    config = dataclasses.replace(CONFIG, pull_secrets=("registry-a", "registry-b"))
+    deployment = engine_deployment(sized, config)
+    startup = container(deployment)["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3605
+    assert volumes(deployment)["dshm"]["emptyDir"]["sizeLimit"] == "1Gi"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-a"}, {"name": "registry-b"}]
+    assert "imagePullSecrets" not in engine_deployment(pool(), CONFIG)["spec"]["template"]["spec"]
+    env = {contract.PULL_SECRETS_ENV: "registry-a, registry-b,"}
+    assert OperatorConfig.from_environment(env).pull_secrets == ("registry-a", "registry-b")
+    sim = engine_deployment(pool(engine={"kind": "sim"}), CONFIG)
+    sim_startup = container(sim)["startupProbe"]
+    assert sim_startup["periodSeconds"] * sim_startup["failureThreshold"] == 120
+    k8s_validate(deployment)
+
+
+def test_a_vllm_pool_gets_one_gpu_unless_it_says_otherwise() -> None:
+    assert container(engine_deployment(pool(), CONFIG))["resources"]["limits"] == {
+        "nvidia.com/gpu": "1"
+    }
+    none = engine_deployment(pool(engine={"kind": "vllm", "resources": {"gpus": 0}}), CONFIG)
+    assert "resources" not in container(none)
+    assert "resources" not in container(engine_deployment(pool(engine={"kind": "sim"}), CONFIG))
 
 
 def test_vllm_runs_fairpool_engine_on_the_mounted_weights() -> None:
@@ -182,7 +216,7 @@ def test_vllm_runs_fairpool_engine_on_the_mounted_weights() -> None:
         "mountPath": "/models",
         "readOnly": True,
     }
-    assert volumes(deployment)["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes(deployment)["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
 
 
 def test_model_from_a_volume_claim_or_the_hub() -> None:

@@ -28,6 +28,9 @@ from fairpool.sched.registry import ROUTERS
 
 EngineKind = Literal["vllm", "sim"]
 
+#: A Kubernetes resource quantity ("8Gi", "500m", "1e3"): apimachinery's pattern.
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+
 
 class PersistentVolumeSource(Spec):
     claim_name: str = Field(
@@ -71,7 +74,12 @@ class ModelSpec(Spec):
 
 
 class Resources(Spec):
-    gpus: int = Field(default=0, ge=0, le=16, description="GPUs per replica (nvidia.com/gpu).")
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="GPUs per replica (nvidia.com/gpu; unset: 1 for kind vllm, 0 for sim).",
+    )
     cpu: str | None = Field(default=None, description="CPU request and limit, e.g. '4'.")
     memory: str | None = Field(default=None, description="Memory request and limit, e.g. 32Gi.")
 
@@ -102,6 +110,28 @@ class EngineSpec(Spec):
         default_factory=list, description="Kubernetes tolerations of the engine pods."
     )
     sim: SimEngineSpec = Field(default_factory=SimEngineSpec, description="For kind sim only.")
+    startup_seconds: int | None = Field(
+        default=None,
+        ge=10,
+        le=86_400,
+        alias="startupSeconds",
+        description="How long an engine may take to load its model before Kubernetes "
+        "restarts it (unset: 1800 for vllm, 120 for sim).",
+    )
+    shm_size: str = Field(
+        default="8Gi",
+        alias="shmSize",
+        pattern=QUANTITY_PATTERN,
+        description="Size limit of /dev/shm (vllm: its workers share tensors there), "
+        "counted in the pod's memory.",
+    )
+    scratch_size: str = Field(
+        default="32Gi",
+        alias="scratchSize",
+        pattern=QUANTITY_PATTERN,
+        description="Size limit of /tmp: caches, and a hub model's download. A pod "
+        "that writes more is evicted.",
+    )
 
 
 class PoolScheduler(Spec):
@@ -248,6 +278,23 @@ class InferencePoolSpec(Spec):
         if self.engine.kind == "vllm" and self.model.source is None:
             raise ValueError("model.source is required for engine kind vllm")
         return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per replica: as given, else one for vLLM and none for the simulator."""
+        given = self.engine.resources.gpus
+        if given is not None:
+            return given
+        return 1 if self.engine.kind == "vllm" else 0
+
+    @property
+    def startup_seconds(self) -> int:
+        """How long a replica may take to start: as given, else sized for loading a
+        model (vLLM) or for a process start (sim)."""
+        given = self.engine.startup_seconds
+        if given is not None:
+            return given
+        return 1800 if self.engine.kind == "vllm" else 120
 
     @model_validator(mode="after")
     def _placement_routes_with_jffc(self) -> InferencePoolSpec:

@@ -69,7 +69,7 @@ def engine_arguments(
                 "engine kind vllm needs the model's weights",
             )
         arguments = ["engine", "--model", model, "--served-model-name", spec.model.name, *common]
-        gpus = spec.engine.resources.gpus
+        gpus = spec.gpus
         chosen = any(
             argument.split("=")[0] in TENSOR_PARALLEL_OPTIONS for argument in spec.engine.extra_args
         )

@@ -22,6 +22,8 @@ class OperatorConfig:
     namespace: str = "default"
     engine_image: str = contract.DEFAULT_ENGINE_IMAGE
     engine_sim_image: str = contract.DEFAULT_ENGINE_SIM_IMAGE
+    #: Image pull Secrets the engine pods use (the chart's `images.pullSecrets`).
+    pull_secrets: tuple[str, ...] = ()
     gateway_secret: str = contract.DEFAULT_GATEWAY_SECRET
     gateway_admin_url: str | None = None
     #: The file holding the gateway's admin token, sent as a bearer token to its /metrics.
@@ -61,6 +63,11 @@ class OperatorConfig:
             engine_image=env.get(contract.ENGINE_IMAGE_ENV) or contract.DEFAULT_ENGINE_IMAGE,
             engine_sim_image=env.get(contract.ENGINE_SIM_IMAGE_ENV)
             or contract.DEFAULT_ENGINE_SIM_IMAGE,
+            pull_secrets=tuple(
+                name.strip()
+                for name in env.get(contract.PULL_SECRETS_ENV, "").split(",")
+                if name.strip()
+            ),
             gateway_secret=env.get(contract.GATEWAY_SECRET_ENV) or contract.DEFAULT_GATEWAY_SECRET,
             gateway_admin_url=(env.get(contract.GATEWAY_ADMIN_URL_ENV) or "").rstrip("/") or None,
             gateway_admin_token_file=env.get(contract.GATEWAY_ADMIN_TOKEN_FILE_ENV) or None,

@@ -24,6 +24,9 @@ from fairpool_operator.config import OperatorConfig
 
 Manifest = dict[str, Any]
 
+#: Seconds between two startup probes of an engine.
+STARTUP_PERIOD = 10
+
 #: The uid an ownerReference carries before the API server has assigned the pool one (only in
 #: `fairpool render` of a file; the operator always knows the pool's uid).
 UNKNOWN_UID = "<uid of the InferencePool>"
@@ -108,7 +111,7 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
         model=model_argument(spec.model.source),
     )
     container = engine_container(pool, config, arguments, pod_resources(pool))
-    pod_spec = engine_pod_spec(pool, container, spec.engine.node_selector)
+    pod_spec = engine_pod_spec(pool, config, container, spec.engine.node_selector)
     return finish(
         {
             "apiVersion": "apps/v1",
@@ -158,11 +161,27 @@ def engine_container(
         container["ports"] = [
             {"name": contract.PORT_NAME, "containerPort": contract.ENGINE_PORT, "protocol": "TCP"}
         ]
+        health = {"path": contract.HEALTH_PATH, "port": contract.PORT_NAME}
         container["readinessProbe"] = {
-            "httpGet": {"path": contract.HEALTH_PATH, "port": contract.PORT_NAME},
+            "httpGet": dict(health),  # copies: a shared dict would print as a YAML anchor
             "periodSeconds": 5,
             "timeoutSeconds": 2,
             "failureThreshold": 3,
+        }
+        # Loading a model takes minutes: liveness waits until the engine first answers,
+        # for up to the pool's startupSeconds, and then restarts one that stops answering
+        # for a minute.
+        container["startupProbe"] = {
+            "httpGet": dict(health),
+            "periodSeconds": STARTUP_PERIOD,
+            "timeoutSeconds": 2,
+            "failureThreshold": -(-spec.startup_seconds // STARTUP_PERIOD),
+        }
+        container["livenessProbe"] = {
+            "httpGet": dict(health),
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
         }
     container["securityContext"] = {
         "allowPrivilegeEscalation": False,
@@ -178,12 +197,13 @@ def engine_container(
 
 def engine_pod_spec(
     pool: InferencePool,
+    config: OperatorConfig,
     container: dict[str, Any],
     node_selector: Mapping[str, str],
     affinity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An engine pod: non-root, no service-account token, the pool's volumes and
-    tolerations, `node_selector` and `affinity`."""
+    tolerations, `node_selector` and `affinity`, the chart's image pull Secrets."""
     volumes, _ = _volumes(pool)
     pod_spec: dict[str, Any] = {
         "securityContext": {
@@ -204,13 +224,15 @@ def engine_pod_spec(
         pod_spec["tolerations"] = [dict(toleration) for toleration in pool.spec.engine.tolerations]
     if affinity:
         pod_spec["affinity"] = affinity
+    if config.pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in config.pull_secrets]
     return pod_spec
 
 
 def _strategy(pool: InferencePool) -> dict[str, Any]:
     """GPU replicas are replaced one at a time without a surge: a rollout then needs no spare
     GPU, which a full GPU pool does not have."""
-    if not pool.spec.engine.resources.gpus:
+    if not pool.spec.gpus:
         return {}
     rolling = {"maxSurge": 0, "maxUnavailable": 1}
     return {"strategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
@@ -269,7 +291,7 @@ def object_metadata(
 def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {"name": "scheduler", "configMap": {"name": contract.scheduler_name(pool.name)}},
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": pool.spec.engine.scratch_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "scheduler", "mountPath": contract.SCHEDULER_DIR, "readOnly": True},
@@ -277,7 +299,8 @@ def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, 
     ]
     if pool.spec.engine.kind == "vllm":
         # vLLM's workers share tensors through /dev/shm; the runtime's default is 64 MiB.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        shm = {"medium": "Memory", "sizeLimit": pool.spec.engine.shm_size}
+        volumes.append({"name": "dshm", "emptyDir": shm})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         source = pool.spec.model.source
         if source is not None and source.path is not None:
@@ -299,7 +322,7 @@ def pod_resources(pool: InferencePool, gpus: int | None = None) -> dict[str, dic
     """Requests equal limits (cpu, memory); GPUs (the pool's, or `gpus`) as nvidia.com/gpu
     limits."""
     spec = pool.spec.engine.resources
-    gpus = spec.gpus if gpus is None else gpus
+    gpus = pool.spec.gpus if gpus is None else gpus
     fixed = {name: value for name, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
     limits: dict[str, Any] = dict(fixed)
     if gpus:

@@ -159,7 +159,7 @@ def single_engine(
     labels = _stage_labels(pool, chain.name, "0")
     selector = pool.spec.engine.node_selector if simulated else _node_selector(pool, group)
     affinity = None if simulated else _anti_affinity(pool)
-    pod_spec = engine_pod_spec(pool, container, selector, affinity)
+    pod_spec = engine_pod_spec(pool, config, container, selector, affinity)
     name = contract.chain_name(pool.name, chain.name)
     spec: dict[str, Any] = {
         "replicas": 1,
@@ -280,7 +280,9 @@ def _stage_pod(
                 "protocol": "TCP",
             }
         )
-    pod_spec = engine_pod_spec(pool, container, _node_selector(pool, group), _anti_affinity(pool))
+    pod_spec = engine_pod_spec(
+        pool, config, container, _node_selector(pool, group), _anti_affinity(pool)
+    )
     return {"metadata": {"labels": _stage_labels(pool, chain.name, stage)}, "spec": pod_spec}
 
 

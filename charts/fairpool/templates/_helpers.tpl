@@ -147,3 +147,8 @@ than one process a pod (gateway.workers), else "". */}}
 {{- include "fairpool.sharedState.name" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The names of images.pullSecrets, comma-separated (what the operator gives engine pods). */}}
+{{- define "fairpool.pullSecretNames" -}}
+{{- join "," .Values.images.pullSecrets -}}
+{{- end }}

@@ -183,6 +183,15 @@ def test_probes_and_volumes_follow_the_pool_and_engines_get_the_charts_pull_secr
     k8s_validate(deployment)
 
 
+def test_a_pool_may_let_its_engines_start_on_an_untested_vllm() -> None:
+    def env(deployment: dict[str, Any]) -> dict[str, str]:
+        return {var["name"]: var.get("value") for var in container(deployment)["env"]}
+
+    assert "FAIRPOOL_ALLOW_UNTESTED_VLLM" not in env(engine_deployment(pool(), CONFIG))
+    trying = pool(engine={"kind": "vllm", "allowUntestedVllm": True})
+    assert env(engine_deployment(trying, CONFIG))["FAIRPOOL_ALLOW_UNTESTED_VLLM"] == "1"
+
+
 def test_a_vllm_pool_gets_one_gpu_unless_it_says_otherwise() -> None:
     assert container(engine_deployment(pool(), CONFIG))["resources"]["limits"] == {
         "nvidia.com/gpu": "1"

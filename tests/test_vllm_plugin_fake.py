@@ -394,10 +394,25 @@ def test_a_new_configuration_file_takes_effect_between_steps(plugin, monkeypatch
 def test_the_plugin_refuses_a_vllm_it_was_not_written_for(monkeypatch):
     monkeypatch.delenv("FAIRPOOL_ALLOW_UNTESTED_VLLM", raising=False)
     with installed(version="0.33.0") as plugin:
-        with pytest.raises(RuntimeError, match=r"supports vLLM 0\.32\.0, found 0\.33\.0"):
+        with pytest.raises(RuntimeError, match=r"supports vLLM .*0\.33.*found 0\.33\.0"):
             FakeEngine(plugin)
         monkeypatch.setenv("FAIRPOOL_ALLOW_UNTESTED_VLLM", "1")
         assert FakeEngine(plugin).scheduler.vllm_version == "0.33.0"
+
+
+@pytest.mark.parametrize(
+    ("version", "starts"),
+    [("0.32.0", True), ("0.32.4", True), ("0.32.1+cpu", True), ("0.31.9", False),
+     ("0.33.0rc1", False), ("1.0.0", False), ("unknown", False)],
+)  # fmt: skip
+def test_the_plugin_starts_on_the_patch_releases_of_its_vllm(monkeypatch, version, starts):
+    monkeypatch.delenv("FAIRPOOL_ALLOW_UNTESTED_VLLM", raising=False)
+    with installed(version=version) as plugin:
+        if starts:
+            assert FakeEngine(plugin).scheduler.vllm_version == version
+        else:
+            with pytest.raises(RuntimeError, match="allowUntestedVllm"):
+                FakeEngine(plugin)
 
 
 def test_the_plugin_refuses_a_scheduler_without_the_methods_it_overrides(plugin, monkeypatch):

@@ -110,6 +110,12 @@ class EngineSpec(Spec):
         default_factory=list, description="Kubernetes tolerations of the engine pods."
     )
     sim: SimEngineSpec = Field(default_factory=SimEngineSpec, description="For kind sim only.")
+    allow_untested_vllm: bool = Field(
+        default=False,
+        alias="allowUntestedVllm",
+        description="Start fairpool's scheduler on a vLLM release it is not tested with "
+        "(FAIRPOOL_ALLOW_UNTESTED_VLLM=1); by default it refuses one outside its range.",
+    )
     startup_seconds: int | None = Field(
         default=None,
         ge=10,

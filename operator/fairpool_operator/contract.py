@@ -67,6 +67,8 @@ FIELD_MANAGER = "fairpool-operator"
 NAMESPACE_ENV = "FAIRPOOL_NAMESPACE"
 ENGINE_IMAGE_ENV = "FAIRPOOL_ENGINE_IMAGE"
 ENGINE_SIM_IMAGE_ENV = "FAIRPOOL_ENGINE_SIM_IMAGE"
+#: The engine's override of its vLLM version check (fairpool_engine.vllm.compat).
+ALLOW_UNTESTED_VLLM_ENV = "FAIRPOOL_ALLOW_UNTESTED_VLLM"
 #: Comma-separated names of the image pull Secrets engine pods use (the chart's).
 PULL_SECRETS_ENV = "FAIRPOOL_IMAGE_PULL_SECRETS"
 GATEWAY_SECRET_ENV = "FAIRPOOL_GATEWAY_CONFIG_SECRET"

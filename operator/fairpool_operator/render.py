@@ -154,6 +154,7 @@ def engine_container(
             {"name": "HOME", "value": "/tmp"},
             {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
             {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
+            *_untested_vllm(pool),
             *(env or []),
         ],
     }
@@ -227,6 +228,13 @@ def engine_pod_spec(
     if config.pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in config.pull_secrets]
     return pod_spec
+
+
+def _untested_vllm(pool: InferencePool) -> list[dict[str, str]]:
+    """The engine's override of its vLLM version check, when the pool asks for it."""
+    if not pool.spec.engine.allow_untested_vllm:
+        return []
+    return [{"name": contract.ALLOW_UNTESTED_VLLM_ENV, "value": "1"}]
 
 
 def _strategy(pool: InferencePool) -> dict[str, Any]:

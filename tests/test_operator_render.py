@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from fairpool.api.gateway_config import GatewayConfig, key_digest
 from fairpool.api.inference_pool import InferencePool
@@ -190,6 +191,31 @@ def test_a_pool_may_let_its_engines_start_on_an_untested_vllm() -> None:
     assert "FAIRPOOL_ALLOW_UNTESTED_VLLM" not in env(engine_deployment(pool(), CONFIG))
     trying = pool(engine={"kind": "vllm", "allowUntestedVllm": True})
     assert env(engine_deployment(trying, CONFIG))["FAIRPOOL_ALLOW_UNTESTED_VLLM"] == "1"
+
+
+def test_resources_are_kubernetes_quantities_of_any_resource() -> None:
+    resources = {
+        "gpus": 2,
+        "gpuResource": "nvidia.com/mig-3g.40gb",
+        "cpu": 8,  # unquoted: an integer quantity
+        "memory": "64Gi",
+        "requests": {"cpu": "4", "ephemeral-storage": "100Gi"},
+        "limits": {"rdma/ib": 1},
+    }
+    deployment = engine_deployment(pool(engine={"kind": "vllm", "resources": resources}), CONFIG)
+    assert container(deployment)["resources"] == {
+        "requests": {"cpu": "4", "memory": "64Gi", "ephemeral-storage": "100Gi"},
+        "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/mig-3g.40gb": "2", "rdma/ib": "1"},
+    }
+    k8s_validate(deployment)
+    for bad, field in (
+        ({"cpu": "lots"}, "cpu"),
+        ({"memory": True}, "memory"),
+        ({"limits": {"Not A Name!": 1}}, "limits"),
+        ({"gpuResource": "nvidia.com/"}, "gpuResource"),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            pool(engine={"kind": "vllm", "resources": bad})
 
 
 def test_a_vllm_pool_gets_one_gpu_unless_it_says_otherwise() -> None:

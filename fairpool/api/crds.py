@@ -81,7 +81,8 @@ KNOWN_KEYWORDS = frozenset(
 KEY_ORDER = (
     "description", "type", "format", "nullable", "enum", "default", "minimum",
     "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
-    "pattern", "minItems", "maxItems", "uniqueItems", "x-kubernetes-preserve-unknown-fields",
+    "pattern", "minItems", "maxItems", "uniqueItems", "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
     "additionalProperties", "items", "required", "oneOf", "properties",
 )  # fmt: skip
 #: Fields whose model gives no description of its own (keyed by model and YAML name).
@@ -271,10 +272,16 @@ def inline(reference: str, defs: dict[str, Schema], where: str) -> Schema:
 
 
 def optional(branches: list[Schema], defs: dict[str, Schema], where: str) -> Schema:
-    """`anyOf: [X, {type: null}]` as X, nullable; other unions have no structural form."""
+    """`anyOf: [X, {type: null}]` as X, nullable; `int | str` (a Kubernetes quantity) as
+    `x-kubernetes-int-or-string` (nullable when None is allowed too); other unions have no
+    structural form."""
     others = [branch for branch in branches if branch.get("type") != "null"]
+    nullable = len(others) < len(branches)
+    if {branch.get("type") for branch in others} == {"integer", "string"} and len(others) == 2:
+        found: Schema = {"x-kubernetes-int-or-string": True}
+        return {**found, "nullable": True} if nullable else found
     if len(others) != 1 or len(branches) != 2:
-        raise ValueError(f"{where}: only `X | None` unions can become a CRD schema")
+        raise ValueError(f"{where}: only `X | None` and `int | str` unions can become a CRD schema")
     return {**structural(others[0], defs, where), "nullable": True}
 
 

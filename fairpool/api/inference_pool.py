@@ -16,9 +16,19 @@ spec:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from fairpool.api.common import Metadata, Spec
 from fairpool.api.placement import PlacementSpec
@@ -73,15 +83,56 @@ class ModelSpec(Spec):
     )
 
 
+def _quantity(value: int | str) -> str:
+    """A Kubernetes quantity, as the API returns it (a string)."""
+    text = str(value)
+    if not re.match(QUANTITY_PATTERN, text):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)")
+    return text
+
+
+#: A resource quantity: an integer or a string such as "500m" or "32Gi".
+Quantity = Annotated[StrictInt | str, AfterValidator(_quantity)]
+#: A resource name: `cpu`, `memory`, or an extended resource such as `nvidia.com/gpu`.
+RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+ResourceName = Annotated[str, StringConstraints(pattern=RESOURCE_NAME, max_length=253)]
+
+
 class Resources(Spec):
     gpus: int | None = Field(
         default=None,
         ge=0,
         le=16,
-        description="GPUs per replica (nvidia.com/gpu; unset: 1 for kind vllm, 0 for sim).",
+        description="GPUs per replica, as `gpuResource` limits (unset: 1 for kind vllm, 0 "
+        "for sim).",
     )
-    cpu: str | None = Field(default=None, description="CPU request and limit, e.g. '4'.")
-    memory: str | None = Field(default=None, description="Memory request and limit, e.g. 32Gi.")
+    gpu_resource: ResourceName = Field(
+        default="nvidia.com/gpu",
+        alias="gpuResource",
+        description="The extended resource one GPU is: nvidia.com/gpu, amd.com/gpu, a MIG "
+        "profile such as nvidia.com/mig-3g.40gb, ...",
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit, e.g. 8 or 500m.")
+    memory: Quantity | None = Field(
+        default=None, description="Memory request and limit, e.g. 64Gi."
+    )
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Requests of any resource (over cpu and memory), e.g. {cpu: 4}.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Limits of any resource (over cpu, memory and the GPUs), e.g. "
+        "{memory: 96Gi, rdma/ib: 1}.",
+    )
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _resource_names(cls, quantities: dict[str, str]) -> dict[str, str]:
+        for name in quantities:
+            if len(name) > 253 or not re.match(RESOURCE_NAME, name):
+                raise ValueError(f"{name!r} is not a resource name (e.g. cpu, nvidia.com/gpu)")
+        return quantities
 
 
 class SimEngineSpec(Spec):

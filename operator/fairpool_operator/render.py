@@ -327,17 +327,19 @@ def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, 
 
 
 def pod_resources(pool: InferencePool, gpus: int | None = None) -> dict[str, dict[str, Any]]:
-    """Requests equal limits (cpu, memory); GPUs (the pool's, or `gpus`) as nvidia.com/gpu
-    limits."""
+    """`cpu` and `memory` as requests and limits; GPUs (the pool's, or `gpus`) as limits of
+    `gpuResource`; then the pool's own `requests` and `limits`, which win."""
     spec = pool.spec.engine.resources
     gpus = pool.spec.gpus if gpus is None else gpus
     fixed = {name: value for name, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
+    requests: dict[str, Any] = {**fixed, **spec.requests}
     limits: dict[str, Any] = dict(fixed)
     if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)  # the API returns quantities as strings
+        limits[spec.gpu_resource] = str(gpus)  # the API returns quantities as strings
+    limits.update(spec.limits)
     resources: dict[str, dict[str, Any]] = {}
-    if fixed:
-        resources["requests"] = dict(fixed)
+    if requests:
+        resources["requests"] = requests
     if limits:
         resources["limits"] = limits
     return resources

@@ -161,12 +161,20 @@ class EngineSpec(Spec):
         default_factory=list, description="Kubernetes tolerations of the engine pods."
     )
     sim: SimEngineSpec = Field(default_factory=SimEngineSpec, description="For kind sim only.")
+    template: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A pod template (metadata: labels, annotations; spec: env and envFrom "
+        "of the `engine` container, sidecars, tolerations, affinity, topologySpreadConstraints, "
+        "priorityClassName, runtimeClassName, volumes, ...) the operator's engine pods are "
+        "laid over: what the operator sets wins, the rest is added (docs/operator.md).",
+    )
     allow_untested_vllm: bool = Field(
         default=False,
         alias="allowUntestedVllm",
         description="Start fairpool's scheduler on a vLLM release it is not tested with "
         "(FAIRPOOL_ALLOW_UNTESTED_VLLM=1); by default it refuses one outside its range.",
     )
+    _check_template = field_validator("template")(lambda cls, value: _template_shape(value))
     startup_seconds: int | None = Field(
         default=None,
         ge=10,
@@ -189,6 +197,16 @@ class EngineSpec(Spec):
         description="Size limit of /tmp: caches, and a hub model's download. A pod "
         "that writes more is evicted.",
     )
+
+
+def _template_shape(template: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(template) - {"metadata", "spec"})
+    if unknown:
+        raise ValueError(f"a pod template has metadata and spec only, not {', '.join(unknown)}")
+    for part in ("metadata", "spec"):
+        if not isinstance(template.get(part, {}), dict):
+            raise ValueError(f"template.{part} must be a mapping")
+    return template
 
 
 class PoolScheduler(Spec):

@@ -21,6 +21,7 @@ from fairpool.api.rendering import engine_arguments, scheduler_config, scheduler
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
+from fairpool_operator.pod_template import merged as pod_template_merged
 
 Manifest = dict[str, Any]
 
@@ -121,10 +122,7 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": contract.selector_labels(pool.name)},
                 **_strategy(pool),
-                "template": {
-                    "metadata": {"labels": contract.engine_labels(pool.name)},
-                    "spec": pod_spec,
-                },
+                "template": pod_template(pool, contract.engine_labels(pool.name), pod_spec),
             },
         }
     )
@@ -194,6 +192,15 @@ def engine_container(
     if resources:
         container["resources"] = resources
     return container
+
+
+def pod_template(
+    pool: InferencePool, labels: Mapping[str, str], pod_spec: dict[str, Any]
+) -> dict[str, Any]:
+    """An engine pod template: the operator's labels and spec laid over the pool's
+    `engine.template` (`fairpool_operator.pod_template`)."""
+    owned = {"metadata": {"labels": dict(labels)}, "spec": pod_spec}
+    return pod_template_merged(owned, pool.spec.engine.template)
 
 
 def engine_pod_spec(

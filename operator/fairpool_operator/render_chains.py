@@ -45,6 +45,7 @@ from fairpool_operator.render import (
     model_argument,
     object_metadata,
     pod_resources,
+    pod_template,
 )
 
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
@@ -167,7 +168,7 @@ def single_engine(
     }
     if gpus:  # no spare GPU for a surge
         spec["strategy"] = {"type": "Recreate"}
-    spec["template"] = {"metadata": {"labels": labels}, "spec": pod_spec}
+    spec["template"] = pod_template(pool, labels, pod_spec)
     return finish(
         {
             "apiVersion": "apps/v1",
@@ -283,7 +284,7 @@ def _stage_pod(
     pod_spec = engine_pod_spec(
         pool, config, container, _node_selector(pool, group), _anti_affinity(pool)
     )
-    return {"metadata": {"labels": _stage_labels(pool, chain.name, stage)}, "spec": pod_spec}
+    return pod_template(pool, _stage_labels(pool, chain.name, stage), pod_spec)
 
 
 def pipeline_flags(

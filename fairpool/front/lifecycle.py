@@ -582,7 +582,10 @@ class PoolFront:
         peers, limits = self.peers, self.saturation
         if peers is None or limits is None or self.fair_engines or not self.queue.weighs_tenants:
             return True
-        ahead = peers.queued_before(tenant, self.queue.counter(tenant))
+        counter = self.queue.counter(tenant)
+        if not self.queue.queued(tenant):  # joining: VTC lifts it to the least waiting
+            counter = max(counter, min(peers.waiting_counters(), default=counter))
+        ahead = peers.queued_before(tenant, counter)
         return ahead == 0 or self._open_slots(limits) > ahead
 
     def _open_slots(self, limits: Saturation) -> int:

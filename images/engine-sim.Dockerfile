@@ -3,7 +3,7 @@
 # What `engine.kind: sim` pools run (local mode, CI, load tests); no GPU, no model weights.
 # Build from the repository root:
 #   docker build -f images/engine-sim.Dockerfile -t ghcr.io/fairpool/engine-sim:0.1.0 .
-# The base is pinned by tag; CI should pin the digest too (see images/README.md).
+# `make pin-bases` pins the base by digest; a release needs it (images/README.md).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 # --- build: the package and its `engine` extra in a virtual environment without pip ----------
@@ -16,9 +16,16 @@ COPY engine/ engine/
 COPY operator/ operator/
 COPY cli/ cli/
 COPY reproduce/ reproduce/
+COPY images/locks/engine-sim.txt images/locks/
+# The dependencies come from the lock (`make image-lock`: the `engine` extra, with hashes), the
+# package itself without them; `pip check` fails the build when the lock is stale.
 RUN python -m venv --without-pip /opt/fairpool \
     && python -m pip --python /opt/fairpool/bin/python install \
-        --no-cache-dir --disable-pip-version-check ".[engine]"
+        --no-cache-dir --disable-pip-version-check --require-hashes --no-deps \
+        -r images/locks/engine-sim.txt \
+    && python -m pip --python /opt/fairpool/bin/python install \
+        --no-cache-dir --disable-pip-version-check --no-deps . \
+    && python -m pip --python /opt/fairpool/bin/python check
 
 # --- runtime: non-root, read-only root filesystem (writes go to /tmp, an emptyDir) ----------
 FROM ${PYTHON_IMAGE}

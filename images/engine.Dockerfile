@@ -7,8 +7,8 @@
 # Build from the repository root:
 #   docker build -f images/engine.Dockerfile -t ghcr.io/fairpool/engine:0.1.0 .
 # The plugin is written against vLLM 0.32.0 (engine/fairpool_engine/vllm/compat.py) and
-# refuses other versions, so the base is pinned to that release (by tag; CI should pin the
-# digest too, see images/README.md).
+# refuses other versions, so the base is pinned to that release (`make pin-bases` adds the
+# digest; a release needs it, see images/README.md).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 

@@ -593,6 +593,66 @@ def test_image_tags_default_to_the_app_version_and_can_be_overridden(tmp_path):
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2")
 
 
+#: Image name → the Deployment and (for the engines) the operator's variable naming it.
+IMAGE_REFERENCES = {
+    "operator": ("fp-operator", None),
+    "gateway": ("fp-gateway", None),
+    "engine": ("fp-operator", "FAIRPOOL_ENGINE_IMAGE"),
+    "engine-sim": ("fp-operator", "FAIRPOOL_ENGINE_SIM_IMAGE"),
+}
+
+
+def image_references(docs: list[Doc]) -> dict[str, str]:
+    """Every image the chart names, by image name: the two it runs and the two the operator
+    passes on to engine pods."""
+    found = {}
+    for name, (deployment, variable) in IMAGE_REFERENCES.items():
+        doc = one(docs, "Deployment", deployment)
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        found[name] = container_env(doc)[variable] if variable else container["image"]
+    return found
+
+
+@needs_helm
+def test_every_image_defaults_to_ghcr_io_fairpool_at_the_app_version(default_docs):
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert image_references(default_docs) == {
+        name: f"ghcr.io/fairpool/{name}:{app_version}" for name in IMAGE_REFERENCES
+    }
+
+
+@needs_helm
+def test_the_registry_moves_every_image_but_one_with_its_own_repository(tmp_path):
+    docs = render(tmp_path, None, "--set", "images.registry=registry.example/team")
+    assert image_references(docs) == {
+        name: f"registry.example/team/{name}:0.1.0" for name in IMAGE_REFERENCES
+    }
+    docs = render(
+        tmp_path,
+        None,
+        "--set",
+        "images.registry=registry.example/team,images.gateway.repository=other.example/gw",
+    )
+    assert image_references(docs)["gateway"] == "other.example/gw:0.1.0"
+    assert image_references(docs)["engine"] == "registry.example/team/engine:0.1.0"
+
+
+@needs_helm
+def test_a_digest_pins_the_image_and_the_tag_is_ignored(tmp_path):
+    digest = "sha256:" + "0123456789abcdef" * 4
+    values = {
+        "images": {
+            "registry": "registry.example/team",
+            "engineSim": {"tag": "ignored", "digest": digest},
+            "operator": {"digest": digest},
+        }
+    }
+    found = image_references(render(tmp_path, values))
+    assert found["engine-sim"] == f"registry.example/team/engine-sim@{digest}"
+    assert found["operator"] == f"registry.example/team/operator@{digest}"
+    assert found["gateway"] == "registry.example/team/gateway:0.1.0"
+
+
 @needs_helm
 def test_one_operator_pod_is_replaced_not_rolled(default_docs):
     operator = one(default_docs, "Deployment", "fp-operator")
@@ -1113,6 +1173,10 @@ def test_no_wildcards_and_bindings_name_the_right_accounts(full_docs):
         ("operator.leaderWorkerSet=maybe", "/operator/leaderWorkerSet"),
         ("gateway.ingress.hosts[0].paths[0].pathType=Any", "/gateway/ingress/hosts/0/paths/0"),
         ("operator.resources.limits.cpu=lots", "/operator/resources/limits/cpu"),
+        ("images.registry=", "/images/registry"),
+        ("images.registry=ghcr.io/fairpool/", "/images/registry"),
+        ("images.engine.digest=sha256:abc", "/images/engine/digest"),
+        ("images.gateway.repository=r/gw:dev", "/images/gateway/repository"),
     ],
 )
 @needs_helm

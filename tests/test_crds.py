@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from fairpool.api import crds
 from fairpool.api.inference_pool import InferencePool
+from fairpool.api.stored import pruned_fields, stored
 from fairpool.api.tenant_quota import TenantQuota
 
 pytestmark = pytest.mark.unit
@@ -85,42 +86,14 @@ def labelled(schema: Schema, path: str = "") -> list[tuple[str, Schema]]:
     return found
 
 
-def server_view(value: Any, schema: Schema | None) -> Any:
-    """What the API server stores of `value`: non-nullable nulls pruned, or defaulted where
-    the schema has a default, and defaults filled in (apiextensions' defaulting algorithm)."""
-    if schema is None:
-        return copy.deepcopy(value)
-    if isinstance(value, list):
-        return [server_view(item, schema.get("items")) for item in value]
-    if not isinstance(value, dict):
-        return value
-    properties = schema.get("properties", {})
-    result = {}
-    for key, item in value.items():
-        prop = properties.get(key)
-        if item is None and prop is not None and not prop.get("nullable"):
-            if "default" not in prop:
-                continue
-            item = copy.deepcopy(prop["default"])
-        result[key] = item
-    for key, prop in properties.items():
-        if key not in result and "default" in prop:
-            result[key] = copy.deepcopy(prop["default"])
-    return {
-        key: server_view(item, properties.get(key, value_schema(schema)))
-        for key, item in result.items()
-    }
-
-
-def value_schema(schema: Schema) -> Schema | None:
-    values = schema.get("additionalProperties")
-    return values if isinstance(values, dict) else None
-
-
 def schema_errors(kind: str, document: Schema) -> list[str]:
-    """What the API server (strict field validation) says of `document`, as `path: message`."""
-    errors = strict_validator(kind).iter_errors(server_view(document, schema_of(kind)))
-    return [f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors]
+    """What the API server (strict field validation) says of `document`, as `path: message`:
+    its unknown fields, and what the schema refuses of what it would store."""
+    unknown = [f"{path}: unknown field" for path in pruned_fields(document)]
+    errors = strict_validator(kind).iter_errors(stored(document))
+    return unknown + [
+        f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors
+    ]
 
 
 def model_errors(kind: str, document: Schema) -> list[str]:
@@ -381,9 +354,9 @@ def test_an_explicit_null_in_a_source_is_pruned_as_absent():
 def test_defaults_of_the_schema_are_the_defaults_of_the_models():
     for kind, document in [("InferencePool", pool()), ("TenantQuota", resource("TenantQuota"))]:
         model = MODELS[kind]
-        stored = server_view(document, schema_of(kind))
-        assert model.model_validate(stored) == model.model_validate(document)
-        assert stored["spec"]["scheduler" if kind == "InferencePool" else "weight"]
+        kept = stored(document)
+        assert model.model_validate(kept) == model.model_validate(document)
+        assert kept["spec"]["scheduler" if kind == "InferencePool" else "weight"]
 
 
 def operator_only(kind: str, document: Schema) -> bool:
@@ -536,16 +509,18 @@ CASES = st.one_of(
 
 @given(CASES)
 def test_the_schema_accepts_what_the_model_accepts_and_refuses_the_rest(case):
-    """Both judge what the API server would store; only the rules the operator enforces
-    (a vLLM pool without model.source) may pass the schema and fail the model."""
+    """Both judge what the API server would store (a field it does not know is refused
+    before that, by strict field validation); only the rules the operator enforces (a vLLM
+    pool without model.source, placement's) may pass the schema and fail the model."""
     kind, spec = case
     document = resource(kind, spec)
-    stored = server_view(document, schema_of(kind))
+    kept = stored(document)
     refused_by_schema = schema_errors(kind, document)
-    refused_by_model = model_errors(kind, stored)
+    unknown = [f"{path}: unknown field" for path in pruned_fields(document)]
+    refused_by_model = unknown + model_errors(kind, kept)
     if not refused_by_model:
         assert not refused_by_schema, refused_by_schema
-        dumped = MODELS[kind].model_validate(stored).model_dump(by_alias=True, mode="json")
+        dumped = MODELS[kind].model_validate(kept).model_dump(by_alias=True, mode="json")
         assert schema_errors(kind, dumped) == [], "a full dump (nulls included) validates"
-    elif not operator_only(kind, stored):
+    elif not operator_only(kind, kept):
         assert refused_by_schema, f"the CRD accepts what the model refuses: {refused_by_model}"

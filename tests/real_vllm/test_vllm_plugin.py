@@ -138,20 +138,21 @@ def test_a_flooding_tenant_does_not_starve_a_light_one_unlike_fcfs(
     fair_server: Server, server_factory, scratch: Path
 ):
     fair_share, fair_contended = contended_bursts(fair_server)
-    # The same burst on vLLM's own order: the plugin with `fcfs` admits exactly as stock
-    # vLLM does (arrival order, preempted requests first), and traces it the same way.
-    config = write_config(scratch / "fcfs.json", policy="fcfs")
-    fcfs = server_factory("fcfs", config=config, extra=("--max-num-seqs", "2"))
-    fcfs_share, fcfs_contended = contended_bursts(fcfs)
-    print(
-        f"light tenant's share of admissions while both were backlogged: fair "
-        f"{fair_share:.2f} of {fair_contended}, fcfs {fcfs_share:.2f} of {fcfs_contended}"
-    )
-    assert fair_contended >= 4 and fcfs_contended >= 4, "no contention to measure"
+    print(f"light tenant's share of admissions while both were backlogged: {fair_share:.2f}")
+    assert fair_contended >= 4, "no contention to measure"
     # Weight 2 of 3; output is charged as it is generated, so admissions run a little
     # ahead of the 2/3 share of service.
     assert 0.55 <= fair_share <= 0.95
-    assert fcfs_share <= 0.25  # behind the flood
+    # The same burst on vLLM's own order: the plugin with `fcfs` admits exactly as stock
+    # vLLM does (arrival order, preempted requests first), and traces it the same way.
+    # The light tenant waits behind the whole flood. (Its share while both wait cannot be
+    # the measure here: on a loaded machine vLLM's API server was seen handing the light
+    # requests over only as the flood's last ones were admitted, burst after burst.)
+    config = write_config(scratch / "fcfs.json", policy="fcfs")
+    fcfs = server_factory("fcfs", config=config, extra=("--max-num-seqs", "2"))
+    asyncio.run(burst(fcfs))
+    admitted = [e["tenant"] for e in trace_events(fcfs) if e["event"] == "admit"]
+    assert admitted.index("light") > max(i for i, t in enumerate(admitted) if t == "flood")
 
 
 def completion_service(usage: dict[str, object]) -> float:

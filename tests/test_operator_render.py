@@ -45,7 +45,7 @@ def pool_body(name: str = "chat", uid: str = "uid-chat", **spec: Any) -> dict[st
         "kind": "InferencePool",
         "metadata": {"name": name, "uid": uid, "generation": 3},
         "spec": {
-            "model": {"name": f"{name}-model", "source": {"path": "/data/llama"}},
+            "model": {"name": f"{name}-model", "source": "pvc://weights/llama"},
             "engine": {"kind": "vllm"},
             "replicas": 2,
         },
@@ -245,32 +245,24 @@ def test_vllm_runs_fairpool_engine_on_the_mounted_weights() -> None:
         "--scheduler-config",
         "/etc/fairpool/scheduler/scheduler.yaml",
     ]
-    assert volumes(deployment)["model"]["hostPath"] == {"path": "/data/llama", "type": "Directory"}
+    claim = {"claimName": "weights", "readOnly": True}
+    assert volumes(deployment)["model"]["persistentVolumeClaim"] == claim
     assert mounts(deployment)["model"] == {
         "name": "model",
         "mountPath": "/models",
         "readOnly": True,
+        "subPath": "llama",
     }
     assert volumes(deployment)["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
 
 
-def test_model_from_a_volume_claim_or_the_hub() -> None:
-    model = {"name": "m", "source": {"pvc": {"claimName": "weights", "subPath": "llama-3"}}}
-    deployment = engine_deployment(pool(model=model), CONFIG)
-    assert volumes(deployment)["model"]["persistentVolumeClaim"] == {
-        "claimName": "weights",
-        "readOnly": True,
-    }
-    assert mounts(deployment)["model"]["subPath"] == "llama-3"
+def test_model_from_a_whole_volume_claim() -> None:
+    deployment = engine_deployment(pool(model={"name": "m", "source": "pvc://weights"}), CONFIG)
+    assert volumes(deployment)["model"]["persistentVolumeClaim"]["claimName"] == "weights"
+    assert "subPath" not in mounts(deployment)["model"]
+    assert "initContainers" not in deployment["spec"]["template"]["spec"]
     assert container(deployment)["args"][2] == "/models"
     k8s_validate(deployment)
-
-    hub = {"name": "m", "source": {"hub": "meta-llama/Llama-3.1-8B"}, "maxModelLen": 8192}
-    deployment = engine_deployment(pool(model=hub), CONFIG)
-    assert "model" not in volumes(deployment)
-    args = container(deployment)["args"]
-    assert args[1:3] == ["--model", "meta-llama/Llama-3.1-8B"]
-    assert args[-2:] == ["--max-model-len", "8192"]
 
 
 def test_gpus_resources_placement_and_extra_args() -> None:
@@ -408,7 +400,7 @@ def test_the_gateway_secret_holds_digests_and_watches_endpoint_slices() -> None:
     ("change", "reason", "field"),
     [
         (
-            {"model": {"name": "m", "source": {"path": "/a", "hub": "x/y"}}},
+            {"model": {"name": "m", "source": "ftp://x/y"}},
             "InvalidSpec",
             "spec.model.source",
         ),
@@ -434,7 +426,7 @@ def test_an_invalid_pool_gets_a_problem_naming_the_field(change, reason, field) 
 def test_an_invalid_pool_keeps_its_place_in_the_gateway() -> None:
     good = plan_namespace([pool_body()], [], {}, CONFIG)
     broken = pool_body()
-    broken["spec"]["model"]["source"] = {}
+    broken["spec"]["model"]["source"] = "nope"
     plan = plan_namespace([broken], [], {}, CONFIG, previous_gateway=good.gateway)
     assert [p.name for p in plan.gateway.pools] == ["chat"]
     assert plan_namespace([broken], [], {}, CONFIG).gateway.pools == []
@@ -634,7 +626,7 @@ def test_fairpool_render_prints_what_the_operator_creates(tmp_path: Path, capsys
 def test_fairpool_render_reports_problems_on_stderr(tmp_path: Path, capsys) -> None:
     manifests = tmp_path / "bad.yaml"
     bad = pool_body()
-    bad["spec"]["model"]["source"] = {"path": "/a", "hub": "x/y"}
+    bad["spec"]["model"]["source"] = "ftp://a"
     manifests.write_text(yaml.safe_dump_all([bad, tenant_body("acme")]))
     assert main(["render", "-f", str(manifests)]) == 1
     captured = capsys.readouterr()

@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_defaults_are_filled_parents_first_and_unknown_fields_pruned():
     document = resource(
         "InferencePool",
-        {"model": {"name": "m", "source": {"hub": "org/m", "path": None}}, "extra": 1},
+        {"model": {"name": "m", "source": "hf://org/m"}, "scheduler": None, "extra": 1},
         metadata={"name": "x", "labels": {"team": "a"}, "anything": "kept"},
     )
     kept = stored(document)
     assert "extra" not in kept["spec"] and kept["metadata"] == document["metadata"]
-    assert kept["spec"]["model"]["source"] == {"hub": "org/m"}  # a null pruned as absent
-    assert kept["spec"]["scheduler"]["policy"] == "dlpm"  # `scheduler: {}`, then its fields
+    # a null where the schema allows none is pruned as absent: `scheduler: {}`, then its fields
+    assert kept["spec"]["scheduler"]["policy"] == "dlpm"
     assert kept["spec"]["routing"]["saturation"]["maxOutstanding"] == 64
     assert pruned_fields(document) == ["spec.extra"]
     secret = {"kind": "Secret", "data": {"k": "dg=="}}
@@ -44,7 +44,7 @@ def test_free_form_fields_and_maps_keep_what_they_hold():
     document = resource(
         "InferencePool",
         {
-            "model": {"name": "m", "source": {"hub": "org/m"}},
+            "model": {"name": "m", "source": "hf://org/m"},
             "engine": {"tolerations": tolerations, "nodeSelector": {"gpu": "h100"}},
         },
     )

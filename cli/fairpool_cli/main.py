@@ -7,8 +7,10 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -34,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: int = args.handler(args)
         return result
     except ConfigError as error:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {error}")
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
 
 
@@ -164,6 +166,24 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument("--scheduler-config", metavar="FILE", help="scheduler configuration (YAML)")
     engine.add_argument("--policy", help="policy, overriding the configuration's")
     engine.set_defaults(handler=_engine, passes_unknown_options=True)
+
+    fetch_model = commands.add_parser(
+        "fetch-model",
+        help="download a model (hf://, s3://, gs://) into a cache directory",
+        description="Brings the weights of a model source into CACHE, downloading only what "
+        "the cache does not hold yet, and prints the directory to load (the engine pods' "
+        "init step; docs/kubernetes.md). Credentials: the files of --credentials (a mounted "
+        "Secret: HF_TOKEN, AWS_ACCESS_KEY_ID, ...), else the environment's.",
+    )
+    fetch_model.add_argument("source", help="hf://org/model[@revision], s3://..., gs://...")
+    fetch_model.add_argument("--cache", required=True, metavar="DIR", help="the cache directory")
+    fetch_model.add_argument("--credentials", metavar="DIR", help="a mounted Secret's directory")
+    fetch_model.add_argument(
+        "--termination-log",
+        metavar="FILE",
+        help="also write a failure's cause there (Kubernetes: /dev/termination-log)",
+    )
+    fetch_model.set_defaults(handler=_fetch_model)
 
     engine_sim = commands.add_parser(
         "engine-sim",
@@ -442,6 +462,28 @@ def _engine(args: argparse.Namespace) -> int:
     from fairpool_engine.vllm.launch import run
 
     return run(args.model, args.vllm_args, args.scheduler_config, args.policy)
+
+
+def _fetch_model(args: argparse.Namespace) -> int:
+    from fairpool.api.model_source import parse_model_uri
+    from fairpool_engine.fetch import FetchError, fetch, read_credentials
+
+    try:
+        uri = parse_model_uri(args.source)
+    except ValueError as error:
+        raise ConfigError("source", str(error)) from None
+    if not uri.fetched:
+        raise ConfigError("source", f"{uri} is loaded where it is: nothing to fetch")
+    try:
+        credentials = read_credentials(Path(args.credentials)) if args.credentials else None
+        directory = fetch(uri, Path(args.cache), credentials)
+    except FetchError as error:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(error))}")
+        if args.termination_log:
+            Path(args.termination_log).write_text(str(error))
+        return 1
+    print(directory)
+    return 0
 
 
 def _engine_sim(args: argparse.Namespace) -> int:

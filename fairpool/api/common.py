@@ -8,6 +8,8 @@ API_GROUP = "fairpool.io"
 API_VERSION = "fairpool.io/v1alpha1"
 #: Kubernetes object names (RFC 1123 labels): what pool, tenant and secret names must be.
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: Names of most other objects (Secrets, claims): RFC 1123 subdomains.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class Spec(BaseModel):

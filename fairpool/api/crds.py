@@ -19,9 +19,7 @@ OpenAPI v3 schema Kubernetes (apiextensions.k8s.io/v1) wants:
   (a nested model, e.g. `scheduler`) gets `default: {}` so the API server fills in the
   nested defaults and `kubectl get` shows the effective policy;
 - the policy and router names the models' validators accept become enums;
-- ModelSource's "exactly one of path, pvc, hub" becomes `oneOf` of `required` (the
-  structural idiom); it and its members are not nullable, so the API server prunes an
-  explicit null as absent (as pydantic reads it).
+- `model.source` gets a pattern of its schemes (the model's validator says more);
 
 Rules the schema cannot express without CEL (which needs Kubernetes 1.25+; these CRDs stay
 valid on 1.20+) are not checked by the API server. The operator validates every resource
@@ -29,7 +27,9 @@ with the same models (and `fairpool up` does locally) and reports a violation as
 condition naming the field:
 
 - InferencePool: `model.source` is required for engine kind `vllm` (the default), as the
-  model's validator says; two pools may not serve the same `model.name` (the gateway
+  model's validator says, and is parsed past its scheme (`fairpool.api.model_source`);
+  `model.secretRef` only with hf, s3 and gs sources; `model.cache.storageClassName` only
+  with `volume: pvc`; two pools may not serve the same `model.name` (the gateway
   configuration's validator); `scheduler.quantum` only with a policy that takes a quantum
   (dlpm) is checked when the scheduler configuration is built, at the latest by the engine
   at start; `placement` needs `model.maxModelLen`, exactly one of `nodeGroups` and
@@ -86,8 +86,6 @@ KEY_ORDER = (
     "additionalProperties", "items", "required", "oneOf", "properties",
 )  # fmt: skip
 #: Fields whose model gives no description of its own (keyed by model and YAML name).
-#: Models with an "exactly one of these fields" validator, and the fields.
-EXACTLY_ONE = {"ModelSource": ("path", "pvc", "hub")}
 
 
 @dataclass(frozen=True)
@@ -219,13 +217,11 @@ def annotate_defs(defs: dict[str, Schema], models: dict[str, type[BaseModel]]) -
                 prop["default"] = default
             if (def_name, alias) in enums:
                 prop["enum"] = enums[def_name, alias]
-        if def_name in EXACTLY_ONE:
-            schema["oneOf"] = [{"required": [member]} for member in EXACTLY_ONE[def_name]]
 
 
 def structural(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
     """The structural form of one node of pydantic's JSON schema (see the module doc)."""
-    unknown = set(node) - KNOWN_KEYWORDS - {"oneOf"}
+    unknown = set(node) - KNOWN_KEYWORDS
     if unknown:
         raise ValueError(f"{where}: cannot convert {sorted(unknown)} to a CRD schema")
     if "$ref" in node:
@@ -300,18 +296,6 @@ def merged(outer: Schema, inner: Schema) -> Schema:
     return result
 
 
-def exactly_one_members(schema: Schema) -> None:
-    """An exactly-one group and its members are not nullable: a null is pruned as absent
-    (instead of counting as given, or of failing every branch)."""
-    if "oneOf" in schema:
-        schema.pop("nullable", None)
-        for branch in schema["oneOf"]:
-            for member in branch["required"]:
-                schema["properties"][member].pop("nullable", None)
-    for child in children(schema):
-        exactly_one_members(child)
-
-
 def children(schema: Schema) -> Iterator[Schema]:
     """The schemas directly under one: properties, items and map values."""
     yield from schema.get("properties", {}).values()
@@ -343,7 +327,6 @@ def model_schema(model: type[BaseModel], description: str) -> Schema:
     annotate_defs(defs, models)
     schema = inline(f"#/$defs/{model.__name__}", defs, model.__name__)
     schema = {**schema, "description": description}
-    exactly_one_members(schema)
     return ordered(schema)
 
 

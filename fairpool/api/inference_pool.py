@@ -6,7 +6,7 @@ apiVersion: fairpool.io/v1alpha1
 kind: InferencePool
 metadata: {name: chat}
 spec:
-  model: {name: llama-3-8b, source: {path: /models/llama-3-8b}, maxModelLen: 8192}
+  model: {name: llama-3-8b, source: hf://meta-llama/Llama-3.1-8B-Instruct, maxModelLen: 8192}
   engine: {kind: vllm, resources: {gpus: 1}}     # or kind: sim (fairpool engine-sim)
   replicas: 2
   scheduler: {policy: dlpm}                       # inside each engine (quantum: auto)
@@ -30,7 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from fairpool.api.common import Metadata, Spec
+from fairpool.api.common import DNS_SUBDOMAIN, Metadata, Spec
+from fairpool.api.model_source import ModelUri, parse_model_uri
 from fairpool.api.placement import PlacementSpec
 from fairpool.api.scheduler_config import CostWeights, known_policy
 from fairpool.api.status import InferencePoolStatus
@@ -42,32 +43,50 @@ EngineKind = Literal["vllm", "sim"]
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 
 
-class PersistentVolumeSource(Spec):
-    claim_name: str = Field(
-        min_length=1, alias="claimName", description="PersistentVolumeClaim holding the model."
+#: What a model source starts with (`fairpool.api.model_source` parses the rest).
+SOURCE_PATTERN = r"^((hf|pvc|s3|gs|file)://|/)"
+
+
+class SecretReference(Spec):
+    """A Secret in the pool's namespace."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="The Secret's name."
     )
-    sub_path: str | None = Field(
-        default=None, alias="subPath", description="Directory of the model inside the volume."
+
+
+class ModelCache(Spec):
+    """A volume per pod or one claim per pool (docs/kubernetes.md weighs the two)."""
+
+    volume: Literal["emptyDir", "pvc"] = Field(
+        default="emptyDir",
+        description="emptyDir: each pod downloads into its own bounded volume at every "
+        "start; pvc: one PersistentVolumeClaim per pool (<pool>-model-cache) that the "
+        "first pod fills and the others, and every restart, reuse.",
     )
-
-
-class ModelSource(Spec):
-    """Where the engine loads weights from: exactly one of path, pvc and hub."""
-
-    path: str | None = Field(default=None, min_length=1, description="Directory on the node.")
-    pvc: PersistentVolumeSource | None = Field(default=None, description="A volume claim.")
-    hub: str | None = Field(
+    size: str = Field(
+        default="100Gi",
+        pattern=QUANTITY_PATTERN,
+        description="The emptyDir's size limit, or the claim's request: room for the "
+        "weights (a pod that writes more is evicted).",
+    )
+    storage_class_name: str | None = Field(
         default=None,
         min_length=1,
-        description="A model hub id (e.g. meta-llama/Llama-3.1-8B), for clusters that can "
-        "reach the hub.",
+        alias="storageClassName",
+        description="The claim's storage class (pvc only; unset: the cluster's default).",
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
+        default="ReadWriteMany",
+        alias="accessMode",
+        description="The claim's access mode (pvc only): ReadWriteMany lets replicas on "
+        "any node share it; ReadWriteOnce keeps them on the node that mounted it first.",
     )
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> ModelSource:
-        given = [name for name in ("path", "pvc", "hub") if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of path, pvc, hub (got {given or 'none'})")
+    def _claim_fields_need_a_claim(self) -> ModelCache:
+        if self.volume == "emptyDir" and self.storage_class_name is not None:
+            raise ValueError("storageClassName is for volume pvc")
         return self
 
 
@@ -75,12 +94,45 @@ class ModelSpec(Spec):
     name: str = Field(
         min_length=1, description="Served model name: what clients put in the `model` field."
     )
-    source: ModelSource | None = Field(
-        default=None, description="Where the weights are (not needed for engine kind sim)."
+    source: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Where the weights are: hf://org/model[@revision], pvc://claim/path, "
+        "s3://bucket/prefix, gs://bucket/prefix, or a local path (fairpool up only). Not "
+        "needed for engine kind sim.",
+        json_schema_extra={"pattern": SOURCE_PATTERN},  # the API server's first check
+    )
+    secret_ref: SecretReference | None = Field(
+        default=None,
+        alias="secretRef",
+        description="Credentials for the source: a Secret with HF_TOKEN (hf), "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (s3) or service-account.json (gs).",
+    )
+    cache: ModelCache = Field(
+        default_factory=ModelCache, description="Where hf, s3 and gs sources are fetched to."
     )
     max_model_len: int | None = Field(
         default=None, ge=16, alias="maxModelLen", description="Longest prompt plus output."
     )
+
+    @field_validator("source")
+    @classmethod
+    def _a_model_uri(cls, source: str | None) -> str | None:
+        if source is not None:
+            parse_model_uri(source)
+        return source
+
+    @model_validator(mode="after")
+    def _credentials_for_fetched_sources(self) -> ModelSpec:
+        uri = self.uri
+        if self.secret_ref is not None and (uri is None or not uri.fetched):
+            raise ValueError("secretRef is for hf://, s3:// and gs:// sources")
+        return self
+
+    @property
+    def uri(self) -> ModelUri | None:
+        """The parsed source."""
+        return parse_model_uri(self.source) if self.source is not None else None
 
 
 def _quantity(value: int | str) -> str:
@@ -194,8 +246,8 @@ class EngineSpec(Spec):
         default="32Gi",
         alias="scratchSize",
         pattern=QUANTITY_PATTERN,
-        description="Size limit of /tmp: caches, and a hub model's download. A pod "
-        "that writes more is evicted.",
+        description="Size limit of /tmp (vLLM's and Triton's caches). A pod that writes "
+        "more is evicted.",
     )
 
 

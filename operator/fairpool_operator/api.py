@@ -39,6 +39,7 @@ SECRET = Kind("v1", "Secret", "secrets")
 POD = Kind("v1", "Pod", "pods")
 STATEFULSET = Kind("apps/v1", "StatefulSet", "statefulsets")
 LEADERWORKERSET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
+CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 KINDS = {
     kind.kind: kind
     for kind in (
@@ -51,6 +52,7 @@ KINDS = {
         POD,
         STATEFULSET,
         LEADERWORKERSET,
+        CLAIM,
     )
 }
 #: The kinds of objects the operator creates for a pool and deletes when a new plan no

@@ -27,8 +27,14 @@ HEALTH_PATH = "/health"
 SCHEDULER_DIR = "/etc/fairpool/scheduler"
 SCHEDULER_KEY = "scheduler.yaml"
 SCHEDULER_PATH = f"{SCHEDULER_DIR}/{SCHEDULER_KEY}"
-#: Where the pool's weights are mounted (source path or pvc).
+#: Where a pvc:// source's directory is mounted.
 MODELS_DIR = "/models"
+#: Where fetched sources (hf, s3, gs) are kept: the cache volume, filled by the init step.
+MODEL_CACHE_DIR = "/var/cache/fairpool/models"
+#: Where the source's credentials Secret is mounted, in the init step only.
+MODEL_CREDENTIALS_DIR = "/var/run/secrets/fairpool/model"
+#: The init container that fetches the model.
+FETCH_CONTAINER = "fetch-model"
 
 #: The gateway's configuration: one Secret, key gateway.yaml, mounted at GATEWAY_DIR.
 GATEWAY_KEY = "gateway.yaml"
@@ -92,6 +98,11 @@ DEFAULT_PEERING = "fairpool"
 def engine_name(pool: str) -> str:
     """The pool's Deployment and headless Service."""
     return f"{pool}-engine"
+
+
+def model_cache_name(pool: str) -> str:
+    """The pool's model cache PersistentVolumeClaim (model.cache.volume: pvc)."""
+    return f"{pool}-model-cache"
 
 
 def scheduler_name(pool: str) -> str:

@@ -196,6 +196,8 @@ def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[DesiredPool]:
         elif not POOL_NAME.match(name):
             message = "metadata.name: must start with a letter and have at most 56 characters"
             plans.append(DesiredPool(name, body, None, problem=Problem("InvalidSpec", message)))
+        elif (local := _local_source(parsed)) is not None:
+            plans.append(DesiredPool(name, body, None, problem=Problem("InvalidSpec", local)))
         elif parsed.spec.model.name in models:
             owner = models[parsed.spec.model.name]
             message = (
@@ -207,6 +209,18 @@ def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[DesiredPool]:
             models[parsed.spec.model.name] = name
             plans.append(DesiredPool(name, body, parsed))
     return sorted(plans, key=lambda plan: plan.name)
+
+
+def _local_source(pool: InferencePool) -> str | None:
+    """Why a vLLM pool's source cannot be loaded in a cluster: a path on one machine."""
+    uri = pool.spec.model.uri
+    if pool.spec.engine.kind != "vllm" or uri is None or uri.scheme != "file":
+        return None
+    return (
+        f"spec.model.source: {uri} is a path on one machine (for fairpool up); in a cluster "
+        "put the weights in a PersistentVolumeClaim (pvc://claim/path) or fetch them "
+        "(hf://, s3://, gs://)"
+    )
 
 
 def _tenant_plans(bodies: Iterable[Mapping[str, Any]]) -> list[TenantPlan]:

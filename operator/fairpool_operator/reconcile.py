@@ -43,6 +43,7 @@ from fairpool_operator.api import (
     kind_of,
 )
 from fairpool_operator.config import OperatorConfig
+from fairpool_operator.model_status import credentials_problem
 from fairpool_operator.plan import (
     DesiredPool,
     NamespacePlan,
@@ -117,6 +118,7 @@ class Reconciler:
 
         writes: list[Write] = []
         for pool in plan.pools:
+            pool.problem = pool.problem or self._credentials_problem(pool)
             self._reconcile_pool(pool, writes)
         self._prune(plan, writes)
         self._apply_to(plan.gateway_secret, current_gateway, writes, adopt=True)
@@ -130,7 +132,9 @@ class Reconciler:
         if body is None:
             return []
         (plan,) = pool_plans([body])
-        problem = plan.problem or carried_problem(body.get("status"))
+        problem = (
+            plan.problem or carried_problem(body.get("status")) or self._credentials_problem(plan)
+        )
         writes: list[Write] = []
         if _has_placement(body):
             pods = self.api.list(POD, {contract.POOL_LABEL: name})
@@ -168,6 +172,13 @@ class Reconciler:
         return writes
 
     # ------------------------------------------------------------------ internals
+
+    def _credentials_problem(self, plan: DesiredPool) -> Problem | None:
+        """What is wrong with the Secret the pool's model source names (read by name)."""
+        if plan.pool is None or plan.pool.spec.model.secret_ref is None:
+            return None
+        secret = self.api.get(SECRET, plan.pool.spec.model.secret_ref.name)
+        return credentials_problem(plan.pool, secret)
 
     def _reconcile_pool(self, plan: DesiredPool, writes: list[Write]) -> None:
         deployment: dict[str, Any] | None = None
@@ -276,7 +287,7 @@ class Reconciler:
                 f"{kind.kind} {name} exists and is not managed by {contract.MANAGED_BY}; "
                 "rename the pool or delete the object"
             )
-        if up_to_date(current, wire):
+        if up_to_date(current, wire) or kind.kind in CREATE_ONLY_KINDS:
             return dict(current)
         result = self.api.apply(wire)
         writes.append(Write("apply", kind.kind, name))
@@ -309,6 +320,9 @@ class Reconciler:
 
 #: The kinds that run a pool's engines.
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
+#: Kinds created once and then left as they are: a claim's class, mode and (mostly) size
+#: cannot change, and the API server would refuse the apply.
+CREATE_ONLY_KINDS = frozenset({"PersistentVolumeClaim"})
 
 
 def _has_placement(body: Mapping[str, Any]) -> bool:

@@ -16,7 +16,7 @@ import yaml
 
 from fairpool.api.common import API_VERSION
 from fairpool.api.gateway_config import GatewayConfig
-from fairpool.api.inference_pool import InferencePool, ModelSource
+from fairpool.api.inference_pool import InferencePool
 from fairpool.api.rendering import engine_arguments, scheduler_config, scheduler_config_document
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool_operator import contract
@@ -50,11 +50,39 @@ def owner_reference(pool: InferencePool) -> dict[str, Any]:
 def pool_objects(
     pool: InferencePool, quotas: Iterable[TenantQuota], config: OperatorConfig
 ) -> list[Manifest]:
-    """Everything one pool needs: scheduler ConfigMap, headless Service, engine Deployment."""
+    """Everything one pool needs: scheduler ConfigMap, headless Service, engine Deployment
+    (and the model cache's claim, when the pool keeps one)."""
     return [
+        *model_cache_claims(pool, config.namespace),
         scheduler_configmap(pool, quotas, config.namespace),
         engine_service(pool, config.namespace),
         engine_deployment(pool, config),
+    ]
+
+
+def model_cache_claims(pool: InferencePool, namespace: str) -> list[Manifest]:
+    """The claim the pool's pods share their fetched model in (model.cache.volume: pvc):
+    the first pod to start fills it, the others and every restart reuse it. Created once
+    and then left alone (a claim's class and mode cannot change); deleted with the pool."""
+    uri, cache = pool.spec.model.uri, pool.spec.model.cache
+    if pool.spec.engine.kind != "vllm" or uri is None or not uri.fetched or cache.volume != "pvc":
+        return []
+    spec: dict[str, Any] = {
+        "accessModes": [cache.access_mode],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name is not None:
+        spec["storageClassName"] = cache.storage_class_name
+    metadata = object_metadata(pool, contract.model_cache_name(pool.name), namespace)
+    return [
+        finish(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": metadata,
+                "spec": spec,
+            }
+        )
     ]
 
 
@@ -109,7 +137,7 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
         host="0.0.0.0",
         port=contract.ENGINE_PORT,
         scheduler_config=contract.SCHEDULER_PATH,
-        model=model_argument(spec.model.source),
+        model=model_argument(pool),
     )
     container = engine_container(pool, config, arguments, pod_resources(pool))
     pod_spec = engine_pod_spec(pool, config, container, spec.engine.node_selector)
@@ -152,7 +180,7 @@ def engine_container(
             {"name": "HOME", "value": "/tmp"},
             {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
             {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
-            *_untested_vllm(pool),
+            *_vllm_environment(pool),
             *(env or []),
         ],
     }
@@ -182,16 +210,21 @@ def engine_container(
             "timeoutSeconds": 5,
             "failureThreshold": 6,
         }
-    container["securityContext"] = {
+    container["securityContext"] = container_security()
+    container["volumeMounts"] = mounts
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def container_security() -> dict[str, Any]:
+    """Every engine pod container: non-root, no privileges, a read-only root filesystem."""
+    return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    container["volumeMounts"] = mounts
-    if resources:
-        container["resources"] = resources
-    return container
 
 
 def pod_template(
@@ -226,6 +259,9 @@ def engine_pod_spec(
         "containers": [container],
         "volumes": volumes,
     }
+    fetcher = fetch_container(pool, config)
+    if fetcher is not None:
+        pod_spec["initContainers"] = [fetcher]
     if node_selector:
         pod_spec["nodeSelector"] = dict(sorted(node_selector.items()))
     if pool.spec.engine.tolerations:
@@ -237,11 +273,15 @@ def engine_pod_spec(
     return pod_spec
 
 
-def _untested_vllm(pool: InferencePool) -> list[dict[str, str]]:
-    """The engine's override of its vLLM version check, when the pool asks for it."""
-    if not pool.spec.engine.allow_untested_vllm:
+def _vllm_environment(pool: InferencePool) -> list[dict[str, str]]:
+    """vLLM never reaches for the Hub (the weights are on a volume already: fetched by the
+    init step, or a claim's), and skips its version check when the pool asks."""
+    if pool.spec.engine.kind != "vllm":
         return []
-    return [{"name": contract.ALLOW_UNTESTED_VLLM_ENV, "value": "1"}]
+    environment = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+    if pool.spec.engine.allow_untested_vllm:
+        environment.append({"name": contract.ALLOW_UNTESTED_VLLM_ENV, "value": "1"})
+    return environment
 
 
 def _strategy(pool: InferencePool) -> dict[str, Any]:
@@ -253,11 +293,54 @@ def _strategy(pool: InferencePool) -> dict[str, Any]:
     return {"strategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
 
 
-def model_argument(source: ModelSource | None) -> str | None:
-    """What the engine is told to load: the mounted directory, or the hub id."""
-    if source is None:
+def model_argument(pool: InferencePool) -> str | None:
+    """The directory the engine loads: the claim's, or the fetched source's in the cache."""
+    uri = pool.spec.model.uri
+    if uri is None:
         return None
-    return source.hub if source.hub is not None else contract.MODELS_DIR
+    if uri.scheme == "pvc":
+        return contract.MODELS_DIR
+    if uri.fetched:
+        return f"{contract.MODEL_CACHE_DIR}/{uri.cache_name}"
+    raise ValueError(f"{uri}: a local path is for fairpool up")  # refused by plan.pool_plans
+
+
+def fetch_container(pool: InferencePool, config: OperatorConfig) -> dict[str, Any] | None:
+    """The init step that fetches an hf, s3 or gs source into the cache volume before the
+    engine starts (`fairpool fetch-model`): done at once when the cache holds the weights
+    already. A failure's cause (GatedModel, RevisionNotFound, ...) is its termination
+    message, which the pool's status reports (`fairpool_operator.model_status`)."""
+    uri = pool.spec.model.uri
+    if pool.spec.engine.kind != "vllm" or uri is None or not uri.fetched:
+        return None
+    arguments = ["fetch-model", str(uri), "--cache", contract.MODEL_CACHE_DIR]
+    mounts: list[dict[str, Any]] = [
+        {"name": "model-cache", "mountPath": contract.MODEL_CACHE_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if pool.spec.model.secret_ref is not None:
+        arguments += ["--credentials", contract.MODEL_CREDENTIALS_DIR]
+        mounts.append(
+            {
+                "name": "model-credentials",
+                "mountPath": contract.MODEL_CREDENTIALS_DIR,
+                "readOnly": True,
+            }
+        )
+    arguments += ["--termination-log", "/dev/termination-log"]
+    return {
+        "name": contract.FETCH_CONTAINER,
+        "image": pool.spec.engine.image or config.image(pool.spec.engine.kind),
+        "command": ["fairpool"],
+        "args": arguments,
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security(),
+        "volumeMounts": mounts,
+    }
 
 
 def gateway_secret(gateway: GatewayConfig, namespace: str, name: str) -> Manifest:
@@ -317,20 +400,35 @@ def _volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, 
         shm = {"medium": "Memory", "sizeLimit": pool.spec.engine.shm_size}
         volumes.append({"name": "dshm", "emptyDir": shm})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-        source = pool.spec.model.source
-        if source is not None and source.path is not None:
-            volumes.append(
-                {"name": "model", "hostPath": {"path": source.path, "type": "Directory"}}
-            )
-            mounts.append({"name": "model", "mountPath": contract.MODELS_DIR, "readOnly": True})
-        elif source is not None and source.pvc is not None:
-            claim = {"claimName": source.pvc.claim_name, "readOnly": True}
-            volumes.append({"name": "model", "persistentVolumeClaim": claim})
-            mount = {"name": "model", "mountPath": contract.MODELS_DIR, "readOnly": True}
-            if source.pvc.sub_path:
-                mount["subPath"] = source.pvc.sub_path
-            mounts.append(mount)
+        model_volumes, model_mounts = _model_volumes(pool)
+        volumes += model_volumes
+        mounts += model_mounts
     return volumes, mounts
+
+
+def _model_volumes(pool: InferencePool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The weights' volumes, and the engine's read-only mounts of them."""
+    uri, model = pool.spec.model.uri, pool.spec.model
+    if uri is None:
+        return [], []
+    if uri.scheme == "pvc":
+        claim = {"claimName": uri.location, "readOnly": True}
+        mount = {"name": "model", "mountPath": contract.MODELS_DIR, "readOnly": True}
+        if uri.path:
+            mount["subPath"] = uri.path
+        return [{"name": "model", "persistentVolumeClaim": claim}], [mount]
+    if model.cache.volume == "pvc":
+        cache: dict[str, Any] = {
+            "persistentVolumeClaim": {"claimName": contract.model_cache_name(pool.name)}
+        }
+    else:
+        cache = {"emptyDir": {"sizeLimit": model.cache.size}}
+    volumes = [{"name": "model-cache", **cache}]
+    if model.secret_ref is not None:
+        secret = {"secretName": model.secret_ref.name, "defaultMode": 0o440}
+        volumes.append({"name": "model-credentials", "secret": secret})
+    mount = {"name": "model-cache", "mountPath": contract.MODEL_CACHE_DIR, "readOnly": True}
+    return volumes, [mount]
 
 
 def pod_resources(pool: InferencePool, gpus: int | None = None) -> dict[str, dict[str, Any]]:

@@ -43,6 +43,7 @@ from fairpool_operator.render import (
     engine_pod_spec,
     finish,
     model_argument,
+    model_cache_claims,
     object_metadata,
     pod_resources,
     pod_template,
@@ -57,9 +58,10 @@ def chain_objects(
     groups: Sequence[NodeGroupSpec],
     config: OperatorConfig,
 ) -> list[Manifest]:
-    """Every chain's workload and Services, chain by chain (the plan's order)."""
+    """The model cache's claim, if the pool keeps one, then every chain's workload and
+    Services, chain by chain (the plan's order)."""
     by_name = {group.name: group for group in groups}
-    objects: list[Manifest] = []
+    objects: list[Manifest] = model_cache_claims(pool, config.namespace)
     for chain in plan.chains:
         stages = [_group(by_name, name, chain) for name in chain.groups]
         objects += _chain(pool, chain, stages, config)
@@ -348,7 +350,7 @@ def _arguments(pool: InferencePool, extra: list[str]) -> list[str]:
         host="0.0.0.0",
         port=contract.ENGINE_PORT,
         scheduler_config=contract.SCHEDULER_PATH,
-        model=model_argument(pool.spec.model.source),
+        model=model_argument(pool),
         extra=extra,
     )
 

@@ -3,7 +3,9 @@ the plan), and the patch that brings a status up to date — None when it alread
 reconcile with nothing changed writes nothing.
 
 Pool conditions: Ready (every replica serves), Progressing (a rollout or scaling is under
-way), Degraded (the spec is invalid — the message names the field — or the replicas fail).
+way), Degraded (the spec is invalid — the message names the field — or the replicas fail),
+and for vLLM pools ModelReady (the weights are where the engines load them; else why not:
+`fairpool_operator.model_status`).
 Tenant conditions: Ready (in the gateway's table), SecretMissing (its API keys cannot be
 read — the message names the Secret and key).
 """
@@ -15,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fairpool_operator import contract
+from fairpool_operator.model_status import fetch_failure, model_readiness
 from fairpool_operator.plan import DesiredPool, Problem, TenantPlan
 
 #: Degraded reasons that only a full reconcile can establish (they need every pool); a
@@ -83,18 +86,22 @@ def pool_status(
         progress,
         generation,
     )
-    degraded_problem = plan.problem or _failure(deployment, pods)
+    degraded_problem = plan.problem or fetch_failure(pods) or _failure(deployment, pods)
     if degraded_problem is not None:
         degraded = condition(
             "Degraded", True, degraded_problem.reason, degraded_problem.message, generation
         )
     else:
         degraded = condition("Degraded", False, "AsExpected", "", generation)
+    conditions = [ready_condition, progressing, degraded]
+    model = model_readiness(plan.pool, plan.problem, pods)
+    if model is not None:
+        conditions.append(condition("ModelReady", *model, generation))
     result: dict[str, Any] = {
         "replicas": replicas,
         "readyReplicas": ready,
         "endpoints": endpoints,
-        "conditions": [ready_condition, progressing, degraded],
+        "conditions": conditions,
     }
     if generation is not None:
         result["observedGeneration"] = generation

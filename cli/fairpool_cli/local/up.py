@@ -30,6 +30,7 @@ from fairpool.files import FileWatch
 from fairpool.sched.errors import ConfigError
 from fairpool_cli.local.plan import Fairness, LocalPlan, plan_local
 from fairpool_cli.local.supervisor import Supervisor
+from fairpool_engine.fetch import FetchError, fetch, local_model_cache
 
 READY_TIMEOUT = 300.0  # vLLM takes a while to load a model
 WATCH_INTERVAL = 0.5
@@ -44,6 +45,7 @@ def up(
     gateway_replicas: int = 1,
 ) -> int:
     manifests = load_manifests(*paths)
+    fetch_models(manifests, console)
     workdir = Path(tempfile.mkdtemp(prefix="fairpool-up-"))
     stop = threading.Event()
     previous = {sig: signal.signal(sig, _setter(stop)) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -67,6 +69,20 @@ def up(
         shutil.rmtree(workdir, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def fetch_models(manifests: Manifests, console: Console) -> None:
+    """Brings the weights of the vLLM pools with hf, s3 or gs sources into the local cache
+    (credentials from the environment: HF_TOKEN, the AWS variables, Google's defaults)."""
+    for pool in manifests.pools:
+        uri = pool.spec.model.uri
+        if pool.spec.engine.kind != "vllm" or uri is None or not uri.fetched:
+            continue
+        console.print(f"fetching {uri} into {local_model_cache()} …")
+        try:
+            fetch(uri, local_model_cache())
+        except FetchError as error:
+            raise ConfigError(f"InferencePool {pool.name}: spec.model.source", str(error)) from None
 
 
 def _setter(stop: threading.Event) -> Callable[[int, FrameType | None], None]:

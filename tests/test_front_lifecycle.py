@@ -686,9 +686,23 @@ LATE_JOINER_AFTER_A_FLOOD = [
 ]
 
 
+#: Found by the random search: with fair engines, a's request going straight in moved the
+#: shares so that b, queued, fell below its own with room to go; it waited until the next
+#: settlement.
+A_DISPATCH_THAT_OPENS_ROOM = [
+    ("enter", "a", 1, 1),
+    ("enter", "c", 1, 1),
+    ("slots", 3),
+    ("enter", "c", 1, 1),
+    ("enter", "b", 1, 1),
+    ("enter", "a", 1, 1),
+]
+
+
 @pytest.mark.parametrize("fair_engines", [False, True], ids=["stock-engines", "fair-engines"])
 @settings(max_examples=150)
 @example(LATE_JOINER_AFTER_A_FLOOD, {}, {})
+@example(A_DISPATCH_THAT_OPENS_ROOM, {"a": 3.0}, {})
 @given(events=st.lists(event, min_size=10, max_size=120), weights=weights, limits=queue_limits)
 def test_vtc_bound_holds_every_ledger_settles_and_no_request_is_lost(
     fair_engines, events, weights, limits

@@ -434,9 +434,19 @@ def test_handlers_are_plain_functions(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable(*args: object) -> None:
         raise ApiError(503, "the API server is restarting")
 
+    api.objects["ConfigMap", "chat-scheduler"]["data"] = {"scheduler.yaml": "edited: true"}
+    handlers.child_changed(type="MODIFIED", body={"kind": "ConfigMap"}, labels=labels, memo=memo)
+    assert api.take_writes() == [("apply", "ConfigMap", "chat-scheduler")]  # an edit reverted
+
+    api.objects["Secret", "fairpool-gateway-config"]["data"] = {}  # nobody tells the operator
+    assert memo.operator.resync(max_age=0.0) is not None
+    assert ("apply", "Secret", "fairpool-gateway-config") in api.take_writes()
+
     monkeypatch.setattr(api, "list", unavailable)
     with pytest.raises(kopf.TemporaryError, match="503"):
         handlers.tenant_changed(memo=memo)
+    handlers.stop(memo=memo)
+    assert not memo.resync._thread.is_alive()
 
 
 def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -426,7 +426,9 @@ def test_up_to_date_reads_quantities_and_ignores_added_fields() -> None:
     assert not contains({"image": "500m"}, {"image": "0.5"})  # quantities only under resources
 
 
-def test_api_errors_propagate_but_missing_objects_do_not() -> None:
+def test_api_errors_surface_and_missing_objects_do_not() -> None:
+    """A refused write is the refused pool's (a condition, and a retry kopf is asked for:
+    tests/test_operator_isolation.py); a failed read stops the reconcile (kopf retries)."""
     api, reconciler = namespace()
     reconciler.reconcile()
 
@@ -435,12 +437,14 @@ def test_api_errors_propagate_but_missing_objects_do_not() -> None:
 
     api.edit("InferencePool", "chat", {"replicas": 5})
     api.apply = refuse  # type: ignore[method-assign]
-    try:
+    reconciler.reconcile()
+    assert reconciler.retry_in() is not None
+    conditions = api.objects["InferencePool", "chat"]["status"]["conditions"]
+    degraded = next(item for item in conditions if item["type"] == "Degraded")
+    assert degraded["reason"] == "ApplyFailed" and "403" in degraded["message"]
+    api.list = refuse  # type: ignore[method-assign]
+    with pytest.raises(ApiError, match="forbidden"):
         reconciler.reconcile()
-    except ApiError as error:
-        assert error.status == 403
-    else:
-        raise AssertionError("a refused write must surface (kopf retries the handler)")
     assert reconciler.refresh_pool_status("gone") == []
 
 

@@ -16,7 +16,9 @@ from test_crds import CASES, MODELS, model_errors, resource
 from fairpool.api.manifests import load_manifests
 from fairpool.api.stored import pruned_fields, schema_of, stored
 from fairpool.sched.errors import ConfigError
+from fairpool_operator.config import OperatorConfig
 from fairpool_operator.dry_run import render_files
+from fairpool_operator.plan import plan_namespace
 
 pytestmark = pytest.mark.unit
 
@@ -124,3 +126,18 @@ def test_a_null_the_server_would_default_is_read_as_the_default(tmp_path):
     path.write_text(yaml.safe_dump(document))
     (quota,) = load_manifests(path).quotas
     assert quota.spec.weight == 1.0
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda path: path.name
+)
+def test_every_example_pool_passes_the_operator_as_the_api_server_stores_it(path):
+    pools = [
+        stored(document)
+        for document in yaml.safe_load_all(path.read_text())
+        if isinstance(document, dict) and document.get("kind") == "InferencePool"
+    ]
+    config = OperatorConfig(namespace="fairpool", engine_sim_image="sim:1", engine_image="e:1")
+    for planned in plan_namespace(pools, [], {}, config).pools:
+        assert planned.problem is None, f"{path.name}: {planned.problem}"
+        assert planned.objects, path.name

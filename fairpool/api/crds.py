@@ -99,6 +99,8 @@ class Resource:
     spec_description: str
     status_description: str
     columns: tuple[Schema, ...]
+    #: The scale subresource (`kubectl scale`, HorizontalPodAutoscalers, KEDA), if any.
+    scale: Schema | None = None
 
 
 def column(name: str, kind: str, path: str, description: str, priority: int = 0) -> Schema:
@@ -128,6 +130,11 @@ RESOURCES = (
             column("Routing", "string", ".spec.routing.policy", "Gateway router.", priority=1),
             AGE,
         ),
+        scale={
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
     ),
     Resource(
         model=TenantQuota,
@@ -394,7 +401,10 @@ def crd(resource: Resource) -> Schema:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": openapi_schema(resource)},
-                    "subresources": {"status": {}},
+                    "subresources": {
+                        "status": {},
+                        **({"scale": resource.scale} if resource.scale else {}),
+                    },
                     "additionalPrinterColumns": list(resource.columns),
                 }
             ],

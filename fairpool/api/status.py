@@ -92,6 +92,23 @@ class InferencePoolStatus(Spec):
     placement: PlacementStatus | None = Field(
         default=None, description="For placement pools: the chains planned and rendered."
     )
+    selector: str | None = Field(
+        default=None,
+        description="The engine pods' label selector (for the scale subresource: "
+        "HorizontalPodAutoscalers read pod metrics by it).",
+    )
+    engine_image: str | None = Field(
+        default=None,
+        alias="engineImage",
+        description="The engine image the pods run (unless engine.image is set): kept until "
+        "the pool's model, engine or placement next changes, so that upgrading the operator "
+        "restarts no engine.",
+    )
+    engine_image_spec: str | None = Field(
+        default=None,
+        alias="engineImageSpec",
+        description="Digest of the model, engine and placement engineImage was chosen for.",
+    )
 
 
 class TenantQuotaStatus(Spec):

@@ -415,6 +415,8 @@ class PoolFront:
             raise
         if flight.phase is Phase.DISPATCHED:
             self._route_or_settle(flight)
+            if self.queue.queued():  # one more in flight moves the shares: a queued tenant
+                self.release_waiting()  # may now be below its own, with room to go
         else:
             self._queued[request.request_id] = flight
             for listener in self.listeners:

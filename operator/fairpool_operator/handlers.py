@@ -3,14 +3,22 @@
 - pools and tenants created, updated, resumed (operator start) or deleted: full reconcile;
 - a Secret a tenant names changes (a key rotated): full reconcile — only Secrets labelled
   `fairpool.io/api-keys: "true"` are watched (server-side) or read;
-- an engine Deployment or a chain's StatefulSet changes, or a chain's stage pod (which also
-  covers LeaderWorkerSets): its pool's status; one of the operator's Deployments,
-  StatefulSets, Services or ConfigMaps deleted: full reconcile (it is recreated);
+- an engine Deployment or a chain's StatefulSet changes, or an engine pod (which also covers
+  LeaderWorkerSets' stage pods, and the model's fetch step): its pool's status; one of the
+  operator's Deployments, StatefulSets, Services or ConfigMaps deleted, or a Service or
+  ConfigMap changed: full reconcile (it is recreated, or someone's edit reverted);
 - a timer on every tenant, every FAIRPOOL_SERVED_INTERVAL seconds (30): the gateway's served
-  numbers (fetched once for all tenants), and a full reconcile if none ran for 5 minutes.
+  numbers (fetched once for all tenants);
+- a thread of the operator's own (`runtime.Resync`), whatever exists: every 30 s, a full
+  reconcile if none ran for 5 minutes or a refused object is due again (a safety net for
+  lost events, and for edits nobody is told about: the gateway's Secret, the Nodes).
 
 No handler raises for a bad spec — that is a status condition — so nothing loops on one;
-API errors are retried by kopf after a delay. kopf keeps its own bookkeeping in annotations
+API errors are retried by kopf after a delay. An object the API server refuses (a 422, an
+admission policy, a ResourceQuota) stops neither the other pools nor the gateway's Secret:
+its pool gets a Degraded condition (ApplyFailed) naming it and the server's answer, and the
+object is tried again after a delay that doubles per refusal (10 s to 5 min), or at once
+when the pool's spec changes it. kopf keeps its own bookkeeping in annotations
 (`kopf.fairpool.io/…`), never in status, so the CRDs' status schemas need no room for it.
 Pools carry no finalizer: nothing has to run before one goes (owner references delete its
 objects; the reconcile its deletion triggers, or the next one, drops it from the gateway).
@@ -32,16 +40,21 @@ from fairpool_operator.api import LEADERWORKERSET, Api, ApiError
 from fairpool_operator.config import OperatorConfig, _seconds
 from fairpool_operator.kube import KubernetesApi
 from fairpool_operator.reconcile import Reconciler, Write
-from fairpool_operator.runtime import Operator
+from fairpool_operator.runtime import Operator, Resync
 
 POOLS = (contract.GROUP, contract.VERSION, contract.POOL_PLURAL)
 TENANTS = (contract.GROUP, contract.VERSION, contract.TENANT_PLURAL)
 SERVED_INTERVAL = _seconds(os.environ, contract.SERVED_INTERVAL_ENV, 30.0)
 RETRY_DELAY = 10.0
 RESYNC_INTERVAL = 300.0
+RESYNC_PERIOD = 30.0
 ANNOTATIONS = "kopf.fairpool.io"
 FINALIZER = "fairpool.io/kopf-finalizer"
 OWN = {contract.MANAGED_BY_LABEL: contract.MANAGED_BY}
+#: Objects of the operator whose every change is worth a reconcile (they change rarely; a
+#: Deployment's status changes all the time, and someone's edit of its spec waits for the
+#: resync).
+EDITABLE = ("ConfigMap", "Service")
 
 log = logging.getLogger("fairpool.operator")
 
@@ -72,6 +85,7 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     api = KubernetesApi(config.namespace)
     config = with_leader_worker_set(config, api)
     memo.operator = Operator.for_config(Reconciler(api, config))
+    memo.resync = Resync(memo.operator, RESYNC_PERIOD, RESYNC_INTERVAL).start()
     log.info(
         "fairpool operator for namespace %s (chains as %s)",
         config.namespace,
@@ -81,6 +95,12 @@ def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         _log(memo.operator.reconcile())
     except ApiError as error:
         log.warning("first reconcile failed, the handlers will retry: %s", error)
+
+
+@kopf.on.cleanup()
+def stop(memo: kopf.Memo, **_: Any) -> None:
+    if "resync" in memo:
+        memo.resync.stop()
 
 
 def with_leader_worker_set(config: OperatorConfig, api: Api) -> OperatorConfig:
@@ -139,16 +159,17 @@ def child_changed(
     pool = labels.get(contract.POOL_LABEL)
     if pool is None or "operator" not in memo:
         return
-    if type == "DELETED":
-        _reconcile(memo)
+    if type == "DELETED" or (type is not None and body.get("kind") in EDITABLE):
+        _reconcile(memo)  # recreated, or someone's edit reverted
     elif type is not None and body.get("kind") in ("Deployment", "StatefulSet"):
         _log(memo.operator.refresh_pool_status(pool))
 
 
-@kopf.on.event("", "v1", "pods", labels={**OWN, contract.CHAIN_LABEL: kopf.PRESENT})
-def stage_pod_changed(type: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
-    """A chain's stage pod came, went or changed readiness: its pool's status (whatever
-    runs the chain, LeaderWorkerSets included, whose events the operator does not watch)."""
+@kopf.on.event("", "v1", "pods", labels=OWN)
+def engine_pod_changed(type: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    """An engine pod came, went or changed: its pool's status — readiness, the fetch
+    step's progress or failure (ModelReady), and a chain's stages (whatever runs the chain,
+    LeaderWorkerSets included, whose events the operator does not watch)."""
     pool = labels.get(contract.POOL_LABEL)
     if pool is not None and type is not None and "operator" in memo:
         _log(memo.operator.refresh_pool_status(pool))
@@ -156,10 +177,8 @@ def stage_pod_changed(type: str, labels: Mapping[str, str], memo: kopf.Memo, **_
 
 @kopf.timer(*TENANTS, interval=SERVED_INTERVAL, initial_delay=1.0)
 def tenant_timer(memo: kopf.Memo, **_: Any) -> None:
-    """The gateway's served numbers; and, should no event have caused one for
-    RESYNC_INTERVAL seconds, a full reconcile (a safety net for lost events)."""
+    """The gateway's served numbers (fetched once for all tenants)."""
     _log(memo.operator.poll_served(max_age=SERVED_INTERVAL / 2))
-    _log(memo.operator.reconcile(max_age=RESYNC_INTERVAL))
 
 
 def _reconcile(memo: kopf.Memo) -> None:
@@ -167,6 +186,10 @@ def _reconcile(memo: kopf.Memo) -> None:
         _log(memo.operator.reconcile())
     except ApiError as error:
         raise kopf.TemporaryError(str(error), delay=RETRY_DELAY) from None
+    delay = memo.operator.reconciler.retry_in()
+    if delay is not None:  # objects the API server refused: their pools say why
+        count = len(memo.operator.reconciler.refusals)
+        raise kopf.TemporaryError(f"{count} object(s) refused, retrying", delay=max(delay, 1.0))
 
 
 def _log(writes: list[Write] | None) -> None:

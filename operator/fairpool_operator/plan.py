@@ -41,6 +41,7 @@ from fairpool.api.inference_pool import InferencePool
 from fairpool.api.manifests import Manifests, Secret
 from fairpool.api.placement import NodeGroupSpec
 from fairpool.api.pool_plan import node_groups, pool_plan, spec_field
+from fairpool.api.status import InferencePoolStatus
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.api.validation import validate
 from fairpool.placement.planner import PoolPlan as ChainPlan
@@ -207,8 +208,19 @@ def pool_plans(bodies: Iterable[Mapping[str, Any]]) -> list[DesiredPool]:
             plans.append(DesiredPool(name, body, None, problem=Problem("DuplicateModel", message)))
         else:
             models[parsed.spec.model.name] = name
-            plans.append(DesiredPool(name, body, parsed))
+            plans.append(DesiredPool(name, body, with_pinned_image(parsed, body)))
     return sorted(plans, key=lambda plan: plan.name)
+
+
+def with_pinned_image(pool: InferencePool, body: Mapping[str, Any]) -> InferencePool:
+    """The pool with the engine image its status records (`render.engine_image`); the rest
+    of the status, the operator's own writing, is not read back."""
+    status = body.get("status") or {}
+    image, shape = status.get("engineImage"), status.get("engineImageSpec")
+    if not (isinstance(image, str) and image and isinstance(shape, str)):
+        return pool
+    pinned = InferencePoolStatus(engineImage=image, engineImageSpec=shape)
+    return pool.model_copy(update={"status": pinned})
 
 
 def _local_source(pool: InferencePool) -> str | None:

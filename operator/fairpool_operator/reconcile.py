@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -82,6 +83,22 @@ class Conflict(Exception):
     """An object of the planned name exists and someone else manages it."""
 
 
+#: Seconds before an object the API server refused is tried again: doubling from the
+#: first to the last, per object.
+RETRY_FIRST, RETRY_LAST = 10.0, 300.0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An object of a pool the API server refused, and when to try it again."""
+
+    pool: str
+    problem: Problem
+    attempts: int
+    retry_at: float
+    digest: str  # of the rendering refused: a changed one is tried at once
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -90,13 +107,28 @@ class Reconciler:
     """Reconciles one namespace; every method returns the writes it made."""
 
     def __init__(
-        self, api: Api, config: OperatorConfig, clock: Callable[[], str] = utc_now
+        self,
+        api: Api,
+        config: OperatorConfig,
+        clock: Callable[[], str] = utc_now,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.config = config
         self.clock = clock
+        self.monotonic = monotonic
         #: The Secrets the tenants named at the last reconcile (whose changes matter).
         self.referenced_secrets: frozenset[str] = frozenset()
+        #: Objects the API server refused, by (kind, name): each pool's failure stays its
+        #: own (a condition on it) while the others, and the gateway's Secret, go on.
+        self.refusals: dict[tuple[str, str], Refusal] = {}
+
+    def retry_in(self) -> float | None:
+        """Seconds until the next refused object is due again; None when none is."""
+        if not self.refusals:
+            return None
+        due = min(refusal.retry_at for refusal in self.refusals.values())
+        return max(0.0, due - self.monotonic())
 
     def reconcile(self) -> list[Write]:
         """Everything: every pool's objects and status, the gateway's Secret, every tenant's
@@ -117,9 +149,15 @@ class Reconciler:
         )
 
         writes: list[Write] = []
+        planned = {(obj["kind"], obj["metadata"]["name"]) for obj in plan.objects}
+        for key in [key for key in self.refusals if key not in planned]:
+            del self.refusals[key]  # no longer wanted: nothing to retry
         for pool in plan.pools:
             pool.problem = pool.problem or self._credentials_problem(pool)
-            self._reconcile_pool(pool, writes)
+            try:
+                self._reconcile_pool(pool, writes)
+            except ApiError as error:  # reading its state, or writing its status
+                log.warning("InferencePool %s: %s", pool.name, error)
         self._prune(plan, writes)
         self._apply_to(plan.gateway_secret, current_gateway, writes, adopt=True)
         for tenant in plan.tenants:
@@ -133,7 +171,10 @@ class Reconciler:
             return []
         (plan,) = pool_plans([body])
         problem = (
-            plan.problem or carried_problem(body.get("status")) or self._credentials_problem(plan)
+            plan.problem
+            or carried_problem(body.get("status"))
+            or self._refused(name)
+            or self._credentials_problem(plan)
         )
         writes: list[Write] = []
         if _has_placement(body):
@@ -180,20 +221,53 @@ class Reconciler:
         secret = self.api.get(SECRET, plan.pool.spec.model.secret_ref.name)
         return credentials_problem(plan.pool, secret)
 
+    def _refused(self, pool: str) -> Problem | None:
+        """Why an object of `pool` is not as planned: the API server refused it."""
+        for _, refusal in sorted(self.refusals.items()):
+            if refusal.pool == pool:
+                return refusal.problem
+        return None
+
+    def _apply_for(self, pool: str, obj: Manifest, writes: list[Write]) -> dict[str, Any] | None:
+        """`obj` applied; None when the API server refuses it (then it is retried after a
+        delay that doubles per refusal, and its pool says why)."""
+        key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+        digest = str(obj["metadata"].get("annotations", {}).get(contract.HASH_ANNOTATION, ""))
+        earlier = self.refusals.get(key)
+        waiting = earlier is not None and self.monotonic() < earlier.retry_at
+        if earlier is not None and waiting and earlier.digest == digest:
+            return None
+        try:
+            result = self._apply(obj, writes)
+        except ApiError as error:
+            attempts = earlier.attempts + 1 if earlier is not None else 1
+            delay = min(RETRY_FIRST * 2 ** (attempts - 1), RETRY_LAST)
+            message = f"{key[0]} {key[1]}: the API server refused it ({error})"
+            problem = Problem("ApplyFailed", message)
+            retry_at = self.monotonic() + delay
+            self.refusals[key] = Refusal(pool, problem, attempts, retry_at, digest)
+            log.warning("InferencePool %s: %s; again in %.0f s", pool, message, delay)
+            return None
+        self.refusals.pop(key, None)
+        return result
+
     def _reconcile_pool(self, plan: DesiredPool, writes: list[Write]) -> None:
         deployment: dict[str, Any] | None = None
         workloads: list[dict[str, Any]] = []
         problem = plan.problem
         for obj in plan.objects:
             try:
-                result = self._apply(obj, writes)
+                result = self._apply_for(plan.name, obj, writes)
             except Conflict as conflict:
                 problem = Problem("Conflict", str(conflict))
+                continue
+            if result is None:
                 continue
             if obj["kind"] == "Deployment":
                 deployment = result
             if obj["kind"] in WORKLOAD_KINDS:
                 workloads.append(result)
+        problem = problem or self._refused(plan.name)
         if _has_placement(plan.body):
             if not plan.objects:  # invalid or infeasible: show what runs
                 workloads = self._chain_workloads(plan.name)

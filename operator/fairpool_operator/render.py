@@ -171,7 +171,7 @@ def engine_container(
     _, mounts = _volumes(pool)
     container: dict[str, Any] = {
         "name": "engine",
-        "image": spec.engine.image or config.image(spec.engine.kind),
+        "image": engine_image(pool, config),
         "command": ["fairpool"],
         "args": arguments,
         "env": [
@@ -215,6 +215,27 @@ def engine_container(
     if resources:
         container["resources"] = resources
     return container
+
+
+def engine_image(pool: InferencePool, config: OperatorConfig) -> str:
+    """The pool's `engine.image`; else the image its pods got for the pool's current model,
+    engine and placement (`status.engineImage`): an operator upgrade, which changes the
+    default, then restarts no engine, and the next change of what shapes the pods (a
+    rollout anyway) takes the new default — scaling and weight changes do not; else the
+    operator's default for the engine kind."""
+    if pool.spec.engine.image:
+        return pool.spec.engine.image
+    status = pool.status
+    if status is not None and status.engine_image and status.engine_image_spec == pod_shape(pool):
+        return status.engine_image
+    return config.image(pool.spec.engine.kind)
+
+
+def pod_shape(pool: InferencePool) -> str:
+    """Digest of what shapes a pool's pods, but not their number: model, engine, placement."""
+    spec = pool.spec.model_dump(mode="json", by_alias=True)
+    shape = {key: spec.get(key) for key in ("model", "engine", "placement")}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def container_security() -> dict[str, Any]:
@@ -330,7 +351,7 @@ def fetch_container(pool: InferencePool, config: OperatorConfig) -> dict[str, An
     arguments += ["--termination-log", "/dev/termination-log"]
     return {
         "name": contract.FETCH_CONTAINER,
-        "image": pool.spec.engine.image or config.image(pool.spec.engine.kind),
+        "image": engine_image(pool, config),
         "command": ["fairpool"],
         "args": arguments,
         "env": [

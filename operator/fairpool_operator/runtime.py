@@ -9,12 +9,45 @@ resumes, a rollout) costs one or two reconciles, not one each.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 
 from fairpool_operator.reconcile import Reconciler, Write
 from fairpool_operator.served import Served, fetch_served
+
+log = logging.getLogger("fairpool.operator")
+
+
+class Resync:
+    """`Operator.resync` every `period` seconds in a thread of its own, whatever exists
+    (kopf's timers belong to objects: a namespace without tenants would have none)."""
+
+    def __init__(self, operator: Operator, period: float, max_age: float) -> None:
+        self.operator = operator
+        self.period = period
+        self.max_age = max_age
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fairpool-resync", daemon=True)
+
+    def start(self) -> Resync:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                writes = self.operator.resync(self.max_age)
+            except Exception:  # the next period tries again; kopf's handlers go on
+                log.exception("resync failed")
+                continue
+            if writes:
+                log.info("resync wrote %s", ", ".join(str(write) for write in writes))
 
 
 class Operator:
@@ -62,6 +95,13 @@ class Operator:
             writes = self.reconciler.reconcile()
             self._finished_at = self.clock()
             return writes
+
+    def resync(self, max_age: float) -> list[Write] | None:
+        """The safety net for lost events and edits nobody is told about (the gateway's
+        Secret, Nodes): a full reconcile when none finished for `max_age` seconds, or when
+        an object the API server refused is due again."""
+        due = self.reconciler.retry_in()
+        return self.reconcile(max_age=None if due == 0.0 else max_age)
 
     def refresh_pool_status(self, name: str) -> list[Write]:
         with self._lock:

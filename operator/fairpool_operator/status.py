@@ -19,6 +19,7 @@ from typing import Any
 from fairpool_operator import contract
 from fairpool_operator.model_status import fetch_failure, model_readiness
 from fairpool_operator.plan import DesiredPool, Problem, TenantPlan
+from fairpool_operator.render import pod_shape
 
 #: Degraded reasons that only a full reconcile can establish (they need every pool); a
 #: status refresh of one pool keeps them as they are.
@@ -102,10 +103,47 @@ def pool_status(
         "readyReplicas": ready,
         "endpoints": endpoints,
         "conditions": conditions,
+        "selector": pod_selector(plan.name),
     }
     if generation is not None:
         result["observedGeneration"] = generation
-    return result
+    return {**result, **image_status(plan)}
+
+
+def pod_selector(pool: str) -> str:
+    """The label selector of the pool's engine pods, as a string (the scale subresource's
+    labelSelectorPath points at it)."""
+    return ",".join(f"{key}={value}" for key, value in contract.selector_labels(pool).items())
+
+
+def image_status(plan: DesiredPool) -> dict[str, Any]:
+    """The engine image the pool's rendered pods run, and the digest of the pod shape it
+    was chosen for (`render.engine_image` keeps it while that stays); nothing when none was
+    rendered or the pool sets engine.image itself."""
+    if plan.pool is None or plan.pool.spec.engine.image:
+        return {}
+    for obj in plan.objects:
+        image = _engine_container_image(obj)
+        if image is not None:
+            return {"engineImage": image, "engineImageSpec": pod_shape(plan.pool)}
+    return {}
+
+
+def _engine_container_image(node: Any) -> str | None:
+    """The image of the first container named `engine` anywhere in a rendered object."""
+    if isinstance(node, Mapping):
+        if node.get("name") == "engine" and isinstance(node.get("image"), str):
+            return str(node["image"])
+        for value in node.values():
+            found = _engine_container_image(value)
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for item in node:
+            found = _engine_container_image(item)
+            if found is not None:
+                return found
+    return None
 
 
 def tenant_status(plan: TenantPlan) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from fairpool.api.status import PlacementStatus
 from fairpool.placement.planner import PoolPlan as ChainPlan
 from fairpool_operator import contract
 from fairpool_operator.plan import DesiredPool
-from fairpool_operator.status import _endpoint, _failure, _generation, _is_served, _name, condition
+from fairpool_operator.status import (
+    _endpoint,
+    _failure,
+    _generation,
+    _is_served,
+    _name,
+    condition,
+    image_status,
+)
 
 #: Seconds in the status are rounded to this many decimals (a replan with the same inputs
 #: writes nothing; a millisecond is finer than any prediction here).
@@ -81,7 +89,7 @@ def chains_pool_status(
         result["placement"] = placement_status(plan.chains)
     if generation is not None:
         result["observedGeneration"] = generation
-    return result
+    return {**result, **image_status(plan)}
 
 
 def _chains_wanted(plan: DesiredPool, workloads: Sequence[Mapping[str, Any]]) -> int:

@@ -7,7 +7,6 @@ the CRD schemas here too."""
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import re
@@ -24,7 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.api.manifests import load_manifests
-from fairpool_operator.config import OperatorConfig
+from fairpool_operator.config import GeneratedSecret, OperatorConfig
+from fairpool_operator.plan import plan_namespace
 
 pytestmark = pytest.mark.subprocess
 
@@ -103,12 +103,6 @@ FULL_VALUES: Doc = {
         },
     },
 }
-
-EMPTY_GATEWAY_CONFIG = (
-    "pools: []\ntenants: []\nlisten: {host: 0.0.0.0, port: 8080}\n"
-    "admin: {host: 0.0.0.0, port: 8081, tokenFile: /etc/fairpool/admin-token/token}\n"
-)
-
 
 # ------------------------------------------------------------------------------- helpers
 
@@ -319,8 +313,6 @@ def test_default_render_has_the_operator_gateway_rbac_and_dashboard(default_docs
             "Role/fp-operator",
             "RoleBinding/fp-gateway",
             "RoleBinding/fp-operator",
-            "Secret/fairpool-gateway-config",
-            "Secret/fp-gateway-admin-token",
             "Service/fp-gateway",
             "Service/fp-gateway-admin",
             "ServiceAccount/fp-gateway",
@@ -749,18 +741,43 @@ def test_ingress_exposes_the_tenant_api_only(full_docs):
 
 
 @needs_helm
-def test_config_secret_starts_empty_is_kept_and_loads(default_docs, tmp_path):
-    secret = one(default_docs, "Secret", "fairpool-gateway-config")
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    text = base64.b64decode(secret["data"]["gateway.yaml"]).decode()
-    assert text == EMPTY_GATEWAY_CONFIG
+def test_a_renderer_without_a_cluster_renders_the_same_objects_every_time(tmp_path):
+    """As Argo CD and Flux render the chart (no `lookup`, a fresh render at every sync):
+    the same objects every time, and no Secret at all — the gateway's configuration is the
+    operator's to write, and the random ones (admin token, Valkey's password) the operator
+    makes when they are missing, so a sync can neither blank nor regenerate them."""
+    for values in (None, {"gateway": {"replicas": 3}}, FULL_VALUES):
+        first, second = render(tmp_path, values), render(tmp_path, values)
+        assert first == second
+        assert by_kind(first, "Secret") == []
+    templates = ROOT / "charts" / "fairpool" / "templates"
+    for template in templates.iterdir():
+        text = template.read_text()
+        assert "lookup" not in text and "randAlphaNum" not in text, template.name
+
+
+@needs_helm
+def test_the_operator_writes_the_gateways_configuration_where_the_gateway_reads_it(
+    default_docs, tmp_path
+):
+    operator = one(default_docs, "Deployment", "fp-operator")
+    gateway = one(default_docs, "Deployment", "fp-gateway")
+    name = container_env(operator)["FAIRPOOL_GATEWAY_CONFIG_SECRET"]
+    volume = next(
+        v
+        for v in gateway["spec"]["template"]["spec"]["volumes"]
+        if v.get("secret", {}).get("secretName") == name
+    )
+    assert "optional" not in volume["secret"]  # the gateway waits for the operator's first
+    config = OperatorConfig.from_environment(container_env(operator))
+    written = plan_namespace([], [], {}, config)
     path = tmp_path / "gateway.yaml"
-    path.write_text(text)
-    config = load_gateway_config(path)
-    assert config.pools == [] and config.tenants == []
-    assert (config.listen.port, config.admin.port) == (8080, 8081)
-    assert config.admin.host == "0.0.0.0"  # reachable through the admin Service
-    assert config.admin.token_file == "/etc/fairpool/admin-token/token"  # so it wants a token
+    path.write_text(written.gateway_secret["stringData"]["gateway.yaml"])
+    loaded = load_gateway_config(path)
+    assert loaded.pools == [] and loaded.tenants == []
+    assert (loaded.listen.port, loaded.admin.port) == (8080, 8081)
+    assert loaded.admin.host == "0.0.0.0"  # reachable through the admin Service
+    assert loaded.admin.token_file == mounted_token_path(gateway)  # so it wants a token
 
 
 def mounted_token_path(deployment: Doc) -> str:
@@ -774,17 +791,14 @@ def mounted_token_path(deployment: Doc) -> str:
 
 
 @needs_helm
-def test_the_admin_token_is_random_mounted_and_sent_by_the_operator_and_prometheus(
+def test_the_admin_token_is_made_by_the_operator_mounted_and_sent_by_it_and_prometheus(
     default_docs, full_docs, tmp_path
 ):
-    secret = one(default_docs, "Secret", "fp-gateway-admin-token")
-    token = base64.b64decode(secret["data"]["token"]).decode()
-    assert len(token) == 48 and token.isalnum()
-    again = one(render(), "Secret", "fp-gateway-admin-token")
-    assert base64.b64decode(again["data"]["token"]).decode() != token  # not a known value
     gateway, operator = (
         one(default_docs, "Deployment", f"fp-{name}") for name in ("gateway", "operator")
     )
+    config = OperatorConfig.from_environment(container_env(operator))
+    assert GeneratedSecret("fp-gateway-admin-token", "token", 48) in config.generated_secrets
     for deployment in (gateway, operator):
         volume = next(
             v
@@ -792,10 +806,8 @@ def test_the_admin_token_is_random_mounted_and_sent_by_the_operator_and_promethe
             if v["name"] == "admin-token"
         )
         assert volume["secret"]["secretName"] == "fp-gateway-admin-token"
-    text = base64.b64decode(
-        one(default_docs, "Secret", "fairpool-gateway-config")["data"]["gateway.yaml"]
-    )
-    assert yaml.safe_load(text)["admin"]["tokenFile"] == mounted_token_path(gateway)
+        # the operator starts without it (it makes it); the gateway waits for it
+        assert volume["secret"].get("optional", False) is (deployment is operator)
     assert container_env(operator)["FAIRPOOL_GATEWAY_ADMIN_TOKEN_FILE"] == mounted_token_path(
         operator
     )
@@ -804,9 +816,10 @@ def test_the_admin_token_is_random_mounted_and_sent_by_the_operator_and_promethe
         "type": "Bearer",
         "credentials": {"name": "fp-gateway-admin-token", "key": "token"},
     }
-    # A Secret of your own instead: the chart makes none and everything names yours.
+    # A Secret of your own instead: nobody makes one and everything names yours.
     docs = render(tmp_path, None, "--set", "gateway.adminToken.existingSecret=my-token")
-    assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"].endswith("-token")]
+    operator = one(docs, "Deployment", "fp-operator")
+    assert OperatorConfig.from_environment(container_env(operator)).generated_secrets == ()
     for name in ("gateway", "operator"):
         spec = one(docs, "Deployment", f"fp-{name}")["spec"]["template"]["spec"]
         volume = next(v for v in spec["volumes"] if v["name"] == "admin-token")
@@ -848,8 +861,9 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
     assert env[contract.LEADER_WORKER_SET_ENV] == "auto"
     assert env[contract.GATEWAY_SECRET_ENV] == contract.DEFAULT_GATEWAY_SECRET
     assert one(default_docs, "KopfPeering", contract.DEFAULT_PEERING)
-    assert one(default_docs, "Secret", contract.DEFAULT_GATEWAY_SECRET)
     gateway = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]
+    (config,) = [v for v in gateway["volumes"] if v["name"] == "config"]
+    assert config["secret"]["secretName"] == contract.DEFAULT_GATEWAY_SECRET  # the operator's
     mount = next(m for m in gateway["containers"][0]["volumeMounts"] if m["name"] == "config")
     assert mount["mountPath"] == contract.GATEWAY_DIR and "subPath" not in mount
     command = gateway["containers"][0]["command"]
@@ -1390,7 +1404,8 @@ def test_several_gateway_pods_share_state_in_a_bundled_valkey(tmp_path):
     }
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert one(docs, "Service", "fp-shared-state")["spec"]["ports"][0]["port"] == 6379
-    assert base64.b64decode(one(docs, "Secret", "fp-shared-state")["data"]["password"])
+    config = OperatorConfig.from_environment(container_env(one(docs, "Deployment", "fp-operator")))
+    assert GeneratedSecret("fp-shared-state", "password", 40) in config.generated_secrets
     policy = one(docs, "NetworkPolicy", "fp-shared-state")
     assert (
         policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][

@@ -5,6 +5,7 @@ nothing; a weight change rewrites only the scheduler ConfigMaps and the gateway'
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import threading
 from typing import Any
@@ -15,9 +16,10 @@ from operator_fakes import FakeApi
 from polling import DEADLINE, wait_until
 
 from fairpool.api.gateway_config import key_digest
+from fairpool.sched.errors import ConfigError
 from fairpool_operator.api import ApiError
-from fairpool_operator.config import OperatorConfig
-from fairpool_operator.reconcile import Reconciler, contains, up_to_date
+from fairpool_operator.config import GeneratedSecret, OperatorConfig
+from fairpool_operator.reconcile import Reconciler, Write, contains, up_to_date
 from fairpool_operator.runtime import Operator
 from fairpool_operator.served import Served, parse_served
 
@@ -498,3 +500,30 @@ def test_a_tenant_naming_an_unlabelled_secret_is_told_and_the_secret_never_read(
     reconciler.reconcile()
     assert "db-password" in api.secrets_read
     assert [t["tenant"] for t in gateway(api)["tenants"]] == ["acme", "mallory"]
+
+
+def test_missing_random_secrets_are_made_once_and_existing_ones_never_touched() -> None:
+    generated = (GeneratedSecret("admin-token", "token", 48), GeneratedSecret("pw", "password", 40))
+    config = dataclasses.replace(CONFIG, generated_secrets=generated)
+    api = FakeApi()
+    api.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pw"}, "data": {}})
+    writes = Reconciler(api, config).reconcile()
+    assert [w for w in writes if w.kind == "Secret" and w.name != config.gateway_secret] == [
+        Write("create", "Secret", "admin-token")
+    ]
+    token = base64.b64decode(api.objects["Secret", "admin-token"]["data"]["token"]).decode()
+    assert len(token) == 48 and token.isalnum()
+    assert api.objects["Secret", "pw"]["data"] == {}  # someone's own: left as it is
+    assert Reconciler(api, config).reconcile() == []
+    other = FakeApi()
+    Reconciler(other, config).reconcile()
+    assert (
+        other.objects["Secret", "admin-token"]["data"]
+        != api.objects["Secret", "admin-token"]["data"]
+    )
+
+
+@pytest.mark.parametrize("text", ["a/b", "a/b/x", "a//48", "a/b/8", "a/b/999"])
+def test_a_bad_generated_secret_is_refused_naming_the_variable(text: str) -> None:
+    with pytest.raises(ConfigError, match="FAIRPOOL_GENERATED_SECRETS"):
+        OperatorConfig.from_environment({"FAIRPOOL_GENERATED_SECRETS": text})

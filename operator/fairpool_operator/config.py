@@ -16,6 +16,17 @@ POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespa
 
 
 @dataclass(frozen=True)
+class GeneratedSecret:
+    """A Secret the operator makes when it is missing: one key, a random alphanumeric
+    value of `length` characters. The chart renders no random Secret (a renderer without
+    cluster access, Argo CD's, would make a new one at every sync)."""
+
+    name: str
+    key: str
+    length: int
+
+
+@dataclass(frozen=True)
 class OperatorConfig:
     """What rendering and reconciling need beyond the pools and tenants themselves."""
 
@@ -37,6 +48,8 @@ class OperatorConfig:
     gateway_replicas: int = 1
     #: Whether the gateway pods have the server's password (contract.SHARED_STATE_PASSWORD_PATH).
     shared_state_password: bool = False
+    #: Secrets to make when missing (the gateway's admin token, the shared state's password).
+    generated_secrets: tuple[GeneratedSecret, ...] = ()
 
     def shared_state(self) -> dict[str, object] | None:
         """gateway.yaml's `sharedState`, or None for one gateway."""
@@ -76,6 +89,7 @@ class OperatorConfig:
             shared_state_url=env.get(contract.SHARED_STATE_URL_ENV) or None,
             gateway_replicas=_count(env, contract.GATEWAY_REPLICAS_ENV, 1),
             shared_state_password=_auto_flag(env, contract.SHARED_STATE_PASSWORD_ENV) is True,
+            generated_secrets=_generated_secrets(env, contract.GENERATED_SECRETS_ENV),
         )
 
 
@@ -107,6 +121,20 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(name, f"must be a whole number >= 1, got {text!r}")
     return int(text)
+
+
+def _generated_secrets(env: Mapping[str, str], name: str) -> tuple[GeneratedSecret, ...]:
+    """`NAME/KEY/LENGTH,...` (the chart writes it)."""
+    found = []
+    for item in (part.strip() for part in env.get(name, "").split(",")):
+        if not item:
+            continue
+        fields = item.split("/")
+        valid = len(fields) == 3 and all(fields) and fields[2].isdigit()
+        if not valid or not 16 <= int(fields[2]) <= 256:
+            raise ConfigError(name, f"expected NAME/KEY/LENGTH (16 to 256), got {item!r}")
+        found.append(GeneratedSecret(fields[0], fields[1], int(fields[2])))
+    return tuple(found)
 
 
 def _auto_flag(env: Mapping[str, str], name: str) -> bool | None:

@@ -20,9 +20,11 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
+import string
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from secrets import choice as random_choice
 from typing import Any
 
 import yaml
@@ -82,6 +84,8 @@ class Write:
 class Conflict(Exception):
     """An object of the planned name exists and someone else manages it."""
 
+
+ALPHANUMERIC = string.ascii_letters + string.digits
 
 #: Seconds before an object the API server refused is tried again: doubling from the
 #: first to the last, per object.
@@ -149,6 +153,7 @@ class Reconciler:
         )
 
         writes: list[Write] = []
+        self._generate_missing_secrets(writes)
         planned = {(obj["kind"], obj["metadata"]["name"]) for obj in plan.objects}
         for key in [key for key in self.refusals if key not in planned]:
             del self.refusals[key]  # no longer wanted: nothing to retry
@@ -213,6 +218,32 @@ class Reconciler:
         return writes
 
     # ------------------------------------------------------------------ internals
+
+    def _generate_missing_secrets(self, writes: list[Write]) -> None:
+        """Makes each of the configuration's generated Secrets that does not exist (never
+        touching one that does: a rotated token stays as written)."""
+        for wanted in self.config.generated_secrets:
+            if self.api.get(SECRET, wanted.name) is not None:
+                continue
+            value = "".join(random_choice(ALPHANUMERIC) for _ in range(wanted.length))
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": wanted.name,
+                    "labels": {contract.MANAGED_BY_LABEL: contract.MANAGED_BY},
+                },
+                "stringData": {wanted.key: value},
+            }
+            try:
+                self.api.create(body)
+            except ApiError as error:
+                if error.status != 409:  # made meanwhile (another operator pod): fine
+                    raise
+                continue
+            writes.append(Write("create", "Secret", wanted.name))
+            log.info("created Secret %s (a random %s)", wanted.name, wanted.key)
 
     def _credentials_problem(self, plan: DesiredPool) -> Problem | None:
         """What is wrong with the Secret the pool's model source names (read by name)."""

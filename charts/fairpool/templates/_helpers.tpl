@@ -97,14 +97,6 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* The gateway configuration the chart starts with, before the operator writes its own. */}}
-{{- define "fairpool.gateway.emptyConfig" -}}
-pools: []
-tenants: []
-listen: {host: 0.0.0.0, port: 8080}
-admin: {host: 0.0.0.0, port: 8081, tokenFile: /etc/fairpool/admin-token/token}
-{{ end -}}
-
 {{/* The Secret holding the admin API's bearer token (key `token`). */}}
 {{- define "fairpool.adminToken.secretName" -}}
 {{- default (printf "%s-gateway-admin-token" (include "fairpool.fullname" .)) .Values.gateway.adminToken.existingSecret -}}
@@ -154,6 +146,21 @@ than one process a pod (gateway.workers), else "". */}}
 {{- else if include "fairpool.sharedState.bundled" . -}}
 {{- include "fairpool.sharedState.name" . -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secrets the operator makes when missing, as NAME/KEY/LENGTH (FAIRPOOL_GENERATED_SECRETS):
+the admin token and the bundled Valkey's password, unless they are Secrets of your own. The
+chart renders no random value, so a renderer without cluster access (Argo CD, Flux,
+`helm template`) renders the same objects every time. */}}
+{{- define "fairpool.generatedSecrets" -}}
+{{- $generated := list -}}
+{{- if not .Values.gateway.adminToken.existingSecret -}}
+{{- $generated = append $generated (printf "%s/token/48" (include "fairpool.adminToken.secretName" .)) -}}
+{{- end -}}
+{{- if and (include "fairpool.sharedState.bundled" .) (not .Values.gateway.sharedState.existingSecret) -}}
+{{- $generated = append $generated (printf "%s/password/40" (include "fairpool.sharedState.name" .)) -}}
+{{- end -}}
+{{- join "," $generated -}}
 {{- end -}}
 
 {{/* The names of images.pullSecrets, comma-separated (what the operator gives engine pods). */}}

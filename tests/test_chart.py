@@ -1123,6 +1123,7 @@ def test_operator_role_is_exactly_the_contract(default_docs):
         ("leaderworkerset.x-k8s.io", ["leaderworkersets"], crud),
         ("", ["services", "configmaps"], crud),
         ("", ["persistentvolumeclaims"], ["get", "list", "watch", "create"]),
+        ("policy", ["poddisruptionbudgets"], crud),
         ("", ["secrets"], ["get", "list", "watch", "create"]),
         ("", ["secrets"], ["patch", "update"], "fairpool-gateway-config"),
         ("", ["pods"], ["get", "list", "watch"]),

@@ -407,7 +407,7 @@ def test_handlers_are_plain_functions(monkeypatch: pytest.MonkeyPatch) -> None:
     secrets = kopf.Resource("", "v1", "secrets", namespaced=True)
     assert list(settings.watching.label_selectors.collect(secrets)) == ["fairpool.io/api-keys=true"]
     created = {(kind, name) for verb, kind, name in api.take_writes() if verb == "create"}
-    assert ("Secret", "fairpool-gateway-config") in created and len(created) == 4
+    assert ("Secret", "fairpool-gateway-config") in created and len(created) == 5
 
     handlers.pool_changed(memo=memo)  # nothing changed: nothing written
     handlers.tenant_changed(memo=memo)

@@ -83,7 +83,7 @@ def test_a_gated_hub_model_is_fetched_with_its_token_by_an_init_step_into_a_boun
 
 def test_a_cache_claim_is_made_once_per_pool_and_shared_by_its_pods():
     model = {**GATED, "cache": {"volume": "pvc", "size": "40Gi", "storageClassName": "nfs"}}
-    claim, *_, deployment = pool_objects(pool(**model), [], CONFIG)
+    claim, *_, deployment, _budget = pool_objects(pool(**model), [], CONFIG)
     assert claim["kind"] == "PersistentVolumeClaim"
     assert claim["metadata"]["name"] == contract.model_cache_name("llama")
     assert claim["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"

@@ -97,9 +97,11 @@ def test_first_reconcile_creates_everything_and_the_second_writes_nothing() -> N
         ("ConfigMap", "chat-scheduler"),
         ("Service", "chat-engine"),
         ("Deployment", "chat-engine"),
+        ("PodDisruptionBudget", "chat-engine"),
         ("ConfigMap", "code-scheduler"),
         ("Service", "code-engine"),
         ("Deployment", "code-engine"),
+        ("PodDisruptionBudget", "code-engine"),
         ("Secret", "fairpool-gateway-config"),
     }
     assert scheduler(api, "chat")["tenants"] == {"acme": 1.0, "globex": 2.0}

@@ -102,15 +102,21 @@ def k8s_validate(obj: dict[str, Any]) -> None:
 # --- one pool ---------------------------------------------------------------------------------
 
 
-def test_a_pool_becomes_a_configmap_a_headless_service_and_a_deployment_it_owns() -> None:
-    configmap, service, deployment = pool_objects(pool(), [], CONFIG)
-    assert [o["kind"] for o in (configmap, service, deployment)] == [
+def test_a_pool_becomes_a_configmap_a_headless_service_a_deployment_and_a_budget_it_owns():
+    configmap, service, deployment, budget = pool_objects(pool(), [], CONFIG)
+    assert [o["kind"] for o in (configmap, service, deployment, budget)] == [
         "ConfigMap",
         "Service",
         "Deployment",
+        "PodDisruptionBudget",
     ]
     assert configmap["metadata"]["name"] == "chat-scheduler"
     assert service["metadata"]["name"] == deployment["metadata"]["name"] == "chat-engine"
+    assert budget["metadata"]["name"] == "chat-engine"
+    assert budget["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
     labels = {
         "app.kubernetes.io/name": "fairpool-engine",
         "app.kubernetes.io/instance": "chat",
@@ -125,7 +131,7 @@ def test_a_pool_becomes_a_configmap_a_headless_service_and_a_deployment_it_owns(
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    for obj in (configmap, service, deployment):
+    for obj in (configmap, service, deployment, budget):
         assert obj["metadata"]["namespace"] == "serving"
         assert obj["metadata"]["labels"] == labels
         assert obj["metadata"]["ownerReferences"] == [owner]
@@ -609,6 +615,7 @@ def test_fairpool_render_prints_what_the_operator_creates(tmp_path: Path, capsys
         ("ConfigMap", "chat-scheduler"),
         ("Service", "chat-engine"),
         ("Deployment", "chat-engine"),
+        ("PodDisruptionBudget", "chat-engine"),
         ("Secret", "fairpool-gateway-config"),
     ]
     assert {o["metadata"]["namespace"] for o in objects} == {"team-a"}
@@ -620,7 +627,7 @@ def test_fairpool_render_prints_what_the_operator_creates(tmp_path: Path, capsys
 
     assert main(["render", "-f", example, "-f", str(keys), "-o", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert listed["kind"] == "List" and len(listed["items"]) == 4
+    assert listed["kind"] == "List" and len(listed["items"]) == 5
 
 
 def test_fairpool_render_reports_problems_on_stderr(tmp_path: Path, capsys) -> None:

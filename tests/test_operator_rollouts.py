@@ -10,11 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from operator_fakes import FakeApi
+from pydantic import ValidationError
 from test_operator_reconcile import pool
 
 from fairpool.api.crds import RESOURCES, crd
+from fairpool.api.inference_pool import InferencePool
+from fairpool.api.stored import stored
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.reconcile import Reconciler
+from fairpool_operator.render import DRAIN_SLACK, engine_deployment
 
 pytestmark = pytest.mark.unit
 
@@ -98,3 +102,49 @@ def test_the_status_selector_selects_exactly_the_pools_pods(name):
 def pod_labels(api: FakeApi, pool_name: str) -> dict[str, Any]:
     deployment = api.objects["Deployment", f"{pool_name}-engine"]
     return dict(deployment["spec"]["template"]["metadata"]["labels"])
+
+
+def vllm_pool(**engine: Any) -> InferencePool:
+    body = pool("llama", engine={"kind": "vllm", **engine})
+    body["spec"]["model"]["source"] = "hf://org/llama"
+    return InferencePool.model_validate(stored(body))
+
+
+def test_engines_drain_before_they_stop_and_rollouts_wait_for_a_model_to_load():
+    config = OperatorConfig(namespace="serving", engine_image="vllm:1")
+    deployment = engine_deployment(vllm_pool(), config)
+    spec = deployment["spec"]
+    engine = spec["template"]["spec"]["containers"][0]
+    assert engine["lifecycle"]["preStop"]["exec"]["command"] == [
+        "fairpool",
+        "drain",
+        "--timeout",
+        "120",
+    ]
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 120 + DRAIN_SLACK
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["progressDeadlineSeconds"] == 1800 + 600 + 3600  # load, slack, download
+    k8s_validate(deployment)
+
+    quick = engine_deployment(vllm_pool(drainSeconds=0, rollout={"maxSurge": 1}), config)
+    assert "lifecycle" not in quick["spec"]["template"]["spec"]["containers"][0]
+    assert "terminationGracePeriodSeconds" not in quick["spec"]["template"]["spec"]
+    assert quick["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 1}
+    k8s_validate(quick)
+
+    sim = engine_deployment(InferencePool.model_validate(stored(pool("chat"))), config)
+    assert "strategy" not in sim["spec"] and sim["spec"]["progressDeadlineSeconds"] == 720
+    percent = {"maxSurge": "50%", "maxUnavailable": 0}
+    chosen = engine_deployment(vllm_pool(rollout=percent), config)
+    assert chosen["spec"]["strategy"]["rollingUpdate"] == percent
+
+
+@pytest.mark.parametrize("bad", [-1, "abc", "50", "1000%", 1.5])
+def test_a_rollout_takes_counts_or_percentages(bad):
+    with pytest.raises(ValidationError, match="maxSurge"):
+        vllm_pool(rollout={"maxSurge": bad})
+
+
+def k8s_validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate.validate(obj, "1.37.0", strict=True)

@@ -185,6 +185,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     fetch_model.set_defaults(handler=_fetch_model)
 
+    drain = commands.add_parser(
+        "drain",
+        help="wait until the engine here serves nothing (the engine pods' preStop hook)",
+        description="Waits --settle seconds, then until the engine at --url reports no "
+        "request running or waiting, at most --timeout seconds in all. Exits 0 either way.",
+    )
+    drain.add_argument("--url", default="http://127.0.0.1:8000", help="the engine")
+    drain.add_argument("--timeout", type=float, default=120.0, help="seconds at most (120)")
+    drain.add_argument("--settle", type=float, default=5.0, help="seconds first (5)")
+    drain.set_defaults(handler=_drain)
+
     engine_sim = commands.add_parser(
         "engine-sim",
         help="a simulated vLLM server: OpenAI API, metrics and the fair scheduler, no GPU",
@@ -483,6 +494,17 @@ def _fetch_model(args: argparse.Namespace) -> int:
             Path(args.termination_log).write_text(str(error))
         return 1
     print(directory)
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from fairpool_engine.drain import drain
+
+    for name in ("timeout", "settle"):
+        value = getattr(args, name)
+        if not 0 <= value <= 86_400:
+            raise ConfigError(f"--{name}", f"must be within 0 and 86400 seconds, got {value}")
+    drain(args.url.rstrip("/"), args.timeout, args.settle)
     return 0
 
 

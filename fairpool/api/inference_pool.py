@@ -187,6 +187,38 @@ class Resources(Spec):
         return quantities
 
 
+#: A count or a percentage of replicas, as a Deployment's rolling update takes them.
+IntOrPercent = Annotated[StrictInt | str, AfterValidator(lambda value: _count_or_percent(value))]
+
+
+def _count_or_percent(value: int | str) -> int | str:
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+    if not re.fullmatch(r"[0-9]{1,3}%", value):
+        raise ValueError(f"{value!r} is not a count or a percentage (e.g. 1, 25%)")
+    return value
+
+
+class RolloutSpec(Spec):
+    """How a change rolls over the replicas (the Deployment's rolling update)."""
+
+    max_surge: IntOrPercent | None = Field(
+        default=None,
+        alias="maxSurge",
+        description="Extra replicas while rolling (unset: 0 for GPU pools, which have no "
+        "spare GPU unless you say so; 25% otherwise). 1 on a cluster with a spare GPU keeps "
+        "every replica serving through a rollout.",
+    )
+    max_unavailable: IntOrPercent | None = Field(
+        default=None,
+        alias="maxUnavailable",
+        description="Replicas that may be down while rolling (unset: 1 for GPU pools, 25% "
+        "otherwise).",
+    )
+
+
 class SimEngineSpec(Spec):
     """Options of the simulated engine (`fairpool engine-sim`)."""
 
@@ -234,6 +266,24 @@ class EngineSpec(Spec):
         alias="startupSeconds",
         description="How long an engine may take to load its model before Kubernetes "
         "restarts it (unset: 1800 for vllm, 120 for sim).",
+    )
+    drain_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        alias="drainSeconds",
+        description="How long a stopping engine finishes what it serves: it leaves the "
+        "gateway's rotation, then stops once no request runs or waits, at most this long "
+        "(0: no drain).",
+    )
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rolling updates.")
+    progress_deadline_seconds: int | None = Field(
+        default=None,
+        ge=60,
+        le=86_400,
+        alias="progressDeadlineSeconds",
+        description="How long a rollout may go without progress before the pool is "
+        "Degraded (unset: startupSeconds plus 600, plus 3600 for a source fetched at start).",
     )
     shm_size: str = Field(
         default="8Gi",
@@ -422,6 +472,16 @@ class InferencePoolSpec(Spec):
         if given is not None:
             return given
         return 1800 if self.engine.kind == "vllm" else 120
+
+    @property
+    def progress_deadline_seconds(self) -> int:
+        """How long a rollout may stall: as given, else model loading and a download."""
+        given = self.engine.progress_deadline_seconds
+        if given is not None:
+            return given
+        uri = self.model.uri
+        fetched = self.engine.kind == "vllm" and uri is not None and uri.fetched
+        return self.startup_seconds + 600 + (3600 if fetched else 0)
 
     @model_validator(mode="after")
     def _placement_routes_with_jffc(self) -> InferencePoolSpec:

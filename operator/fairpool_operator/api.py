@@ -40,6 +40,7 @@ POD = Kind("v1", "Pod", "pods")
 STATEFULSET = Kind("apps/v1", "StatefulSet", "statefulsets")
 LEADERWORKERSET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
 CLAIM = Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 KINDS = {
     kind.kind: kind
     for kind in (
@@ -53,11 +54,12 @@ KINDS = {
         STATEFULSET,
         LEADERWORKERSET,
         CLAIM,
+        BUDGET,
     )
 }
 #: The kinds of objects the operator creates for a pool and deletes when a new plan no
 #: longer has them (a placement pool's chains, or its Deployment when it gains placement).
-POOL_WORKLOADS = (DEPLOYMENT, STATEFULSET, LEADERWORKERSET, SERVICE)
+POOL_WORKLOADS = (DEPLOYMENT, STATEFULSET, LEADERWORKERSET, SERVICE, BUDGET)
 
 
 #: Objects as the API serves them (an alias: inside `Api`, `list` is a method).

@@ -5,8 +5,9 @@
   `fairpool.io/api-keys: "true"` are watched (server-side) or read;
 - an engine Deployment or a chain's StatefulSet changes, or an engine pod (which also covers
   LeaderWorkerSets' stage pods, and the model's fetch step): its pool's status; one of the
-  operator's Deployments, StatefulSets, Services or ConfigMaps deleted, or a Service or
-  ConfigMap changed: full reconcile (it is recreated, or someone's edit reverted);
+  operator's Deployments, StatefulSets, Services, ConfigMaps or PodDisruptionBudgets deleted,
+  or one of the last three changed: full reconcile (it is recreated, or someone's edit
+  reverted);
 - a timer on every tenant, every FAIRPOOL_SERVED_INTERVAL seconds (30): the gateway's served
   numbers (fetched once for all tenants);
 - a thread of the operator's own (`runtime.Resync`), whatever exists: every 30 s, a full
@@ -54,7 +55,7 @@ OWN = {contract.MANAGED_BY_LABEL: contract.MANAGED_BY}
 #: Objects of the operator whose every change is worth a reconcile (they change rarely; a
 #: Deployment's status changes all the time, and someone's edit of its spec waits for the
 #: resync).
-EDITABLE = ("ConfigMap", "Service")
+EDITABLE = ("ConfigMap", "Service", "PodDisruptionBudget")
 
 log = logging.getLogger("fairpool.operator")
 
@@ -153,6 +154,7 @@ def key_secret_changed(type: str, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("apps", "v1", "statefulsets", labels=OWN)
 @kopf.on.event("", "v1", "services", labels=OWN)
 @kopf.on.event("", "v1", "configmaps", labels=OWN)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWN)
 def child_changed(
     type: str, body: kopf.Body, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
 ) -> None:

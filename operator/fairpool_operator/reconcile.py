@@ -32,6 +32,7 @@ import yaml
 from fairpool.api.gateway_config import GatewayConfig
 from fairpool_operator import contract
 from fairpool_operator.api import (
+    BUDGET,
     DEPLOYMENT,
     LEADERWORKERSET,
     POD,
@@ -349,7 +350,7 @@ class Reconciler:
         if not valid:
             return
         planned = {(obj["kind"], obj["metadata"]["name"]) for obj in plan.objects}
-        for kind in [*self._workload_kinds(), SERVICE]:
+        for kind in [*self._workload_kinds(), SERVICE, BUDGET]:
             for obj in self.api.list(kind, {contract.MANAGED_BY_LABEL: contract.MANAGED_BY}):
                 metadata = obj.get("metadata", {})
                 pool = (metadata.get("labels") or {}).get(contract.POOL_LABEL)

@@ -27,6 +27,8 @@ Manifest = dict[str, Any]
 
 #: Seconds between two startup probes of an engine.
 STARTUP_PERIOD = 10
+#: Seconds a pod's grace period leaves after the drain, for the engine's own shutdown.
+DRAIN_SLACK = 30
 
 #: The uid an ownerReference carries before the API server has assigned the pool one (only in
 #: `fairpool render` of a file; the operator always knows the pool's uid).
@@ -50,14 +52,31 @@ def owner_reference(pool: InferencePool) -> dict[str, Any]:
 def pool_objects(
     pool: InferencePool, quotas: Iterable[TenantQuota], config: OperatorConfig
 ) -> list[Manifest]:
-    """Everything one pool needs: scheduler ConfigMap, headless Service, engine Deployment
-    (and the model cache's claim, when the pool keeps one)."""
+    """Everything one pool needs: scheduler ConfigMap, headless Service, engine Deployment,
+    its disruption budget (and the model cache's claim, when the pool keeps one)."""
     return [
         *model_cache_claims(pool, config.namespace),
         scheduler_configmap(pool, quotas, config.namespace),
         engine_service(pool, config.namespace),
         engine_deployment(pool, config),
+        disruption_budget(pool, config.namespace),
     ]
+
+
+def disruption_budget(pool: InferencePool, namespace: str) -> Manifest:
+    """At most one replica of the pool evicted at a time (a node drain, an autoscaler's
+    scale-down of nodes): the others keep serving while it restarts elsewhere."""
+    return finish(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": object_metadata(pool, contract.engine_name(pool.name), namespace),
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": contract.selector_labels(pool.name)},
+            },
+        }
+    )
 
 
 def model_cache_claims(pool: InferencePool, namespace: str) -> list[Manifest]:
@@ -150,6 +169,8 @@ def engine_deployment(pool: InferencePool, config: OperatorConfig) -> Manifest:
                 "replicas": spec.replicas,
                 "selector": {"matchLabels": contract.selector_labels(pool.name)},
                 **_strategy(pool),
+                # a slow model load or download is not a stalled rollout
+                "progressDeadlineSeconds": spec.progress_deadline_seconds,
                 "template": pod_template(pool, contract.engine_labels(pool.name), pod_spec),
             },
         }
@@ -210,6 +231,9 @@ def engine_container(
             "timeoutSeconds": 5,
             "failureThreshold": 6,
         }
+        if spec.engine.drain_seconds:
+            drain = ["fairpool", "drain", "--timeout", str(spec.engine.drain_seconds)]
+            container["lifecycle"] = {"preStop": {"exec": {"command": drain}}}
     container["securityContext"] = container_security()
     container["volumeMounts"] = mounts
     if resources:
@@ -280,6 +304,8 @@ def engine_pod_spec(
         "containers": [container],
         "volumes": volumes,
     }
+    if "lifecycle" in container:  # the drain, then vLLM's own shutdown
+        pod_spec["terminationGracePeriodSeconds"] = pool.spec.engine.drain_seconds + DRAIN_SLACK
     fetcher = fetch_container(pool, config)
     if fetcher is not None:
         pod_spec["initContainers"] = [fetcher]
@@ -306,11 +332,20 @@ def _vllm_environment(pool: InferencePool) -> list[dict[str, str]]:
 
 
 def _strategy(pool: InferencePool) -> dict[str, Any]:
-    """GPU replicas are replaced one at a time without a surge: a rollout then needs no spare
-    GPU, which a full GPU pool does not have."""
-    if not pool.spec.gpus:
+    """The rolling update the pool asks for; unset, GPU replicas are replaced one at a time
+    without a surge (a rollout then needs no spare GPU, which a full GPU pool does not
+    have), others as Kubernetes does (25% and 25%)."""
+    rollout = pool.spec.engine.rollout
+    gpu = bool(pool.spec.gpus)
+    surge = rollout.max_surge if rollout.max_surge is not None else (0 if gpu else None)
+    down = rollout.max_unavailable if rollout.max_unavailable is not None else (1 if gpu else None)
+    rolling = {
+        key: value
+        for key, value in (("maxSurge", surge), ("maxUnavailable", down))
+        if value is not None
+    }
+    if not rolling:
         return {}
-    rolling = {"maxSurge": 0, "maxUnavailable": 1}
     return {"strategy": {"type": "RollingUpdate", "rollingUpdate": rolling}}
 
 

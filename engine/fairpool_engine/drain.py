@@ -1,0 +1,61 @@
+"""`fairpool drain`: the engine pods' preStop hook, so that a stopping engine finishes what
+it serves instead of cutting it.
+
+When Kubernetes stops a pod it marks its endpoint terminating — the gateway drops it from
+rotation and sends it nothing new — and runs this hook before the SIGTERM. The hook waits
+`settle` seconds (for the endpoint's removal to reach every gateway replica), then until the
+engine reports no request running or waiting (`vllm:num_requests_running` and
+`vllm:num_requests_waiting` on its /metrics, which vLLM and engine-sim both export), at most
+`timeout` seconds in all. The pod's `terminationGracePeriodSeconds` leaves room for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def requests_in_engine(url: str) -> int | None:
+    """Requests running or waiting in the engine at `url`; None if it does not answer."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=2.0).text
+    except httpx.HTTPError:
+        return None
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in BUSY:
+                total += sample.value
+    return round(total)
+
+
+def drain(
+    url: str,
+    timeout: float,
+    settle: float,
+    say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Waits as the module says; True when the engine emptied (or stopped answering),
+    False when `timeout` passed first."""
+    deadline = clock() + timeout
+    sleep(min(settle, timeout))
+    told = clock() - 10.0
+    while True:
+        busy = requests_in_engine(url)
+        if busy is None or busy == 0:
+            say("drained" if busy == 0 else "the engine does not answer: nothing to drain")
+            return True
+        if clock() >= deadline:
+            say(f"{busy} request(s) still in the engine after {timeout:g} s: stopping anyway")
+            return False
+        if clock() - told >= 10.0:
+            say(f"draining: {busy} request(s) running or waiting")
+            told = clock()
+        sleep(min(1.0, max(0.0, deadline - clock())))

@@ -12,9 +12,10 @@ engine reports no request running or waiting (`vllm:num_requests_running` and
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -22,9 +23,10 @@ BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 def requests_in_engine(url: str) -> int | None:
     """Requests running or waiting in the engine at `url`; None if it does not answer."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=2.0).text
-    except httpx.HTTPError:
+    try:  # the standard library's client: the engine images need nothing more for the hook
+        with urllib.request.urlopen(f"{url}/metrics", timeout=2.0) as response:
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError):
         return None
     total = 0.0
     for family in text_string_to_metric_families(text):

@@ -12,6 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from cel_rules import admission_errors
 from hypothesis import given
 from hypothesis import strategies as st
 from openapi_schema_validator import OAS30Validator
@@ -90,10 +91,14 @@ def schema_errors(kind: str, document: Schema) -> list[str]:
     """What the API server (strict field validation) says of `document`, as `path: message`:
     its unknown fields, and what the schema refuses of what it would store."""
     unknown = [f"{path}: unknown field" for path in pruned_fields(document)]
-    errors = strict_validator(kind).iter_errors(stored(document))
-    return unknown + [
-        f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors
+    kept = stored(document)
+    errors = [
+        f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in strict_validator(kind).iter_errors(kept)
     ]
+    if errors:  # the CEL rules run on objects of the schema's shape only
+        return unknown + errors
+    return unknown + admission_errors(schema_of(kind), kept)
 
 
 def model_errors(kind: str, document: Schema) -> list[str]:
@@ -201,6 +206,7 @@ def test_infpool_is_never_a_name_of_ours():
         (
             "TenantQuota",
             {
+                "Ready": '.status.conditions[?(@.type=="Ready")].status',
                 "Weight": ".spec.weight",
                 "Pools": ".spec.pools",
                 "Served Tokens": ".status.servedTokens",
@@ -220,8 +226,14 @@ def test_printer_columns(kind, paths):
         if column["type"] == "date":
             continue
         node = schema
-        for part in column["jsonPath"].lstrip(".").split("."):
-            node = node["properties"][part]
+        path = column["jsonPath"]
+        if "[?(" in path:  # a condition's field: conditions[?(@.type=="X")].status
+            field = path.rsplit(".", 1)[1]
+            node = schema["properties"]["status"]["properties"]["conditions"]["items"]
+            node = node["properties"][field]
+        else:
+            for part in path.lstrip(".").split("."):
+                node = node["properties"][part]
         expected = {"integer": {"integer"}, "number": {"number"}, "string": {"string", "array"}}
         assert node["type"] in expected[column["type"]], column["name"]
 
@@ -286,7 +298,9 @@ def test_enums_ranges_and_nullables_come_from_the_models():
         "maximum": 1024,
     }
     assert "dlpm+memsafe" in spec["scheduler"]["properties"]["policy"]["enum"]
-    assert spec["model"]["properties"]["maxModelLen"]["nullable"] is True
+    assert spec["engine"]["properties"]["image"]["nullable"] is True
+    # a field the CEL rules test with has(): an explicit null is pruned as absent
+    assert "nullable" not in spec["model"]["properties"]["maxModelLen"]
     assert spec["engine"]["properties"]["nodeSelector"]["additionalProperties"] == {
         "type": "string"
     }
@@ -362,21 +376,17 @@ def test_defaults_of_the_schema_are_the_defaults_of_the_models():
 
 
 def operator_only(kind: str, document: Schema) -> bool:
-    """Whether `document` breaks a rule that only the operator enforces (see crds.py)."""
+    """Whether `document` breaks a rule that only the operator enforces (see crds.py): a
+    placement pool's plan (its groups' speeds and memory, the planner's own checks)."""
     if kind != "InferencePool":
         return False
-    spec = document.get("spec", {})
-    if spec.get("placement") is not None:  # maxModelLen, one of nodeGroups and discovery, ...
-        return True
-    kind_of_engine = (spec.get("engine") or {}).get("kind", "vllm")
-    return kind_of_engine == "vllm" and (spec.get("model") or {}).get("source") is None
+    return document.get("spec", {}).get("placement") is not None
 
 
 def model_rule(error: str) -> bool:
-    """Whether `error` is one of spec.model's rules that only the operator enforces: a
-    source's form past its scheme, secretRef only for fetched sources, storageClassName
-    only for a cache claim (see crds.py)."""
-    return error.startswith("spec.model") and "Value error" in error
+    """Whether `error` is the one rule of spec.model only the operator enforces: a
+    source's form past its scheme (see crds.py)."""
+    return error.startswith("spec.model.source") and "Value error" in error
 
 
 def some(*values: Any) -> st.SearchStrategy[Any]:
@@ -538,3 +548,72 @@ def test_the_schema_accepts_what_the_model_accepts_and_refuses_the_rest(case):
         assert schema_errors(kind, dumped) == [], "a full dump (nulls included) validates"
     elif not operator_only(kind, kept) and not all(map(model_rule, refused_by_model)):
         assert refused_by_schema, f"the CRD accepts what the model refuses: {refused_by_model}"
+
+
+PIPELINE_SPEC = yaml.safe_load((ROOT / "examples" / "pipeline.yaml").read_text())["spec"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"model": {"name": "m"}}, "model.source is required for engine kind vllm"),
+        (
+            {"model": {"name": "m", "source": "pvc://w", "secretRef": {"name": "t"}}},
+            "secretRef is for hf://, s3:// and gs:// sources",
+        ),
+        (
+            {
+                "model": {"name": "m", "cache": {"storageClassName": "nfs"}},
+                "engine": {"kind": "sim"},
+            },
+            "storageClassName is for volume pvc",
+        ),
+        (
+            {**PIPELINE_SPEC, "model": {"name": "m", "source": "pvc://w"}},
+            "model.maxModelLen is required with placement",
+        ),
+        ({**PIPELINE_SPEC, "routing": {"policy": "d2lpm"}}, "routing.policy must be jffc"),
+        (
+            {**PIPELINE_SPEC, "placement": {**PIPELINE_SPEC["placement"], "nodeGroups": []}},
+            "give exactly one of nodeGroups and discovery",
+        ),
+        (
+            {
+                **PIPELINE_SPEC,
+                "placement": {
+                    **PIPELINE_SPEC["placement"],
+                    "nodeGroups": [
+                        {k: v for k, v in group.items() if k != "layerSeconds"}
+                        | {"tflops": 100}
+                        for group in PIPELINE_SPEC["placement"]["nodeGroups"]
+                    ],
+                },
+            },
+            "give layerSeconds, or both tflops and memoryBandwidthGBps",
+        ),
+        (
+            {
+                **PIPELINE_SPEC,
+                "placement": {
+                    **PIPELINE_SPEC["placement"],
+                    "nodeGroups": PIPELINE_SPEC["placement"]["nodeGroups"][:1] * 2,
+                },
+            },
+            "Duplicate value",
+        ),
+    ],
+)
+def test_the_api_server_refuses_at_admission_what_the_models_refuse(spec, message):
+    document = resource("InferencePool", spec)
+    assert any(message in error for error in schema_errors("InferencePool", document))
+    refused = " ".join(model_errors("InferencePool", stored(document)))
+    assert refused, "the model accepts what the CRD refuses"
+    if message != "Duplicate value":
+        assert message.split(" (")[0] in refused.replace("spec.model.", "model.")
+
+
+def test_the_examples_pass_every_admission_rule():
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if isinstance(document, dict) and document.get("kind") in MODELS:
+                assert schema_errors(document["kind"], document) == [], path.name

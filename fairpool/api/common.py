@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 API_GROUP = "fairpool.io"
@@ -10,6 +12,15 @@ API_VERSION = "fairpool.io/v1alpha1"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 #: Names of most other objects (Secrets, claims): RFC 1123 subdomains.
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+def cel_rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """A model's cross-field rules as the CRD's `x-kubernetes-validations` (CEL, checked by
+    the API server at admission), each `(rule, message)`, beside the pydantic validator
+    that says the same: `self` is the object, `has()` a field that is set."""
+    return {
+        "x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]
+    }
 
 
 class Spec(BaseModel):

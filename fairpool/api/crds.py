@@ -20,22 +20,24 @@ OpenAPI v3 schema Kubernetes (apiextensions.k8s.io/v1) wants:
   nested defaults and `kubectl get` shows the effective policy;
 - the policy and router names the models' validators accept become enums;
 - `model.source` gets a pattern of its schemes (the model's validator says more);
+- the cross-field rules of the models that CEL can say are `x-kubernetes-validations` on
+  the models (`json_schema_extra`), which the API server checks at admission (Kubernetes
+  1.25+); node group names are unique by `x-kubernetes-list-type: map`;
 
-Rules the schema cannot express without CEL (which needs Kubernetes 1.25+; these CRDs stay
-valid on 1.20+) are not checked by the API server. The operator validates every resource
-with the same models (and `fairpool up` does locally) and reports a violation as a status
-condition naming the field:
+The API server checks, with the CEL rules (Kubernetes 1.25+): `model.source` for engine kind
+`vllm`; `model.secretRef` only with hf, s3 and gs sources; `model.cache.storageClassName`
+only with `volume: pvc`; with `placement`, `model.maxModelLen` and routing by jffc (or
+unset); exactly one of `placement.nodeGroups` and `placement.discovery`; a speed for every
+GPU profile (`layerSeconds`, or `tflops` and `memoryBandwidthGBps`). tests/test_crds.py
+evaluates every rule (cel-python) on the same random documents as the models, so the two
+agree. What no schema can check, the operator does (with the same models; so does
+`fairpool up`), and reports as a status condition naming the field:
 
-- InferencePool: `model.source` is required for engine kind `vllm` (the default), as the
-  model's validator says, and is parsed past its scheme (`fairpool.api.model_source`);
-  `model.secretRef` only with hf, s3 and gs sources; `model.cache.storageClassName` only
-  with `volume: pvc`; two pools may not serve the same `model.name` (the gateway
-  configuration's validator); `scheduler.quantum` only with a policy that takes a quantum
-  (dlpm) is checked when the scheduler configuration is built, at the latest by the engine
-  at start; `placement` needs `model.maxModelLen`, exactly one of `nodeGroups` and
-  `discovery`, a speed for every group, and routes with jffc; `engine.resources`
-  quantities and `engine.tolerations` are checked by the API server when the operator
-  creates the Deployment.
+- InferencePool: `model.source` past its scheme (`fairpool.api.model_source`); two pools
+  may not serve the same `model.name`; `scheduler.quantum` only with a policy that takes a
+  quantum (dlpm) is checked when the scheduler configuration is built, at the latest by the
+  engine at start; `engine.resources` quantities and `engine.tolerations` are checked by the
+  API server when the operator creates the Deployment.
 - TenantQuota: `tenant` defaults to `metadata.name`; tenant ids are unique across
   TenantQuotas; `pools` name existing InferencePools; the `apiKeySecretRef` Secret (and
   its key) exists and holds a key (condition SecretMissing).
@@ -75,6 +77,7 @@ KNOWN_KEYWORDS = frozenset(
         "items", "additionalProperties", "anyOf", "$ref", "minimum", "maximum",
         "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern",
         "minItems", "maxItems", "uniqueItems", "multipleOf", "format",
+        "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
     }
 )  # fmt: skip
 #: The order of keywords in the generated YAML, so that it reads top-down.
@@ -82,8 +85,21 @@ KEY_ORDER = (
     "description", "type", "format", "nullable", "enum", "default", "minimum",
     "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
     "pattern", "minItems", "maxItems", "uniqueItems", "x-kubernetes-int-or-string",
-    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys", "x-kubernetes-validations",
     "additionalProperties", "items", "required", "oneOf", "properties",
+)  # fmt: skip
+#: Optional fields that CEL rules test with has(): not nullable, so that the API server
+#: prunes an explicit null as absent (as pydantic reads it) before the rules see it.
+PRUNED_NULLS = frozenset(
+    {
+        ("ModelSpec", "source"), ("ModelSpec", "secretRef"), ("ModelSpec", "maxModelLen"),
+        ("InferencePoolSpec", "placement"), ("ModelCache", "storageClassName"),
+        ("PlacementSpec", "discovery"), ("GpuProfile", "layerSeconds"),
+        ("GpuProfile", "tflops"), ("GpuProfile", "memoryBandwidthGBps"),
+        ("NodeGroupSpec", "layerSeconds"), ("NodeGroupSpec", "tflops"),
+        ("NodeGroupSpec", "memoryBandwidthGBps"),
+    }
 )  # fmt: skip
 #: Fields whose model gives no description of its own (keyed by model and YAML name).
 
@@ -124,6 +140,13 @@ RESOURCES = (
         columns=(
             column("Model", "string", ".spec.model.name", "Served model name."),
             column("Ready", "integer", ".status.readyReplicas", "Engine pods ready to serve."),
+            column(
+                "Model Ready",
+                "string",
+                '.status.conditions[?(@.type=="ModelReady")].reason',
+                "Where the weights stand: Fetched, Fetching, GatedModel, ...",
+                priority=1,
+            ),
             column("Desired", "integer", ".spec.replicas", "Engine replicas asked for."),
             column("Policy", "string", ".spec.scheduler.policy", "Scheduler in each engine."),
             column("Engine", "string", ".spec.engine.kind", "vllm or sim.", priority=1),
@@ -145,6 +168,12 @@ RESOURCES = (
         spec_description="The tenant's share of service, pools, keys, limits and SLO.",
         status_description="What the gateway last reported of the tenant.",
         columns=(
+            column(
+                "Ready",
+                "string",
+                '.status.conditions[?(@.type=="Ready")].status',
+                "In the gateway's tenant table.",
+            ),
             column("Weight", "number", ".spec.weight", "Share of service."),
             column("Pools", "string", ".spec.pools", "Pools allowed; empty: every pool."),
             column("Served Tokens", "integer", ".status.servedTokens", "Tokens served."),
@@ -224,6 +253,16 @@ def annotate_defs(defs: dict[str, Schema], models: dict[str, type[BaseModel]]) -
                 prop["default"] = default
             if (def_name, alias) in enums:
                 prop["enum"] = enums[def_name, alias]
+            if (def_name, alias) in PRUNED_NULLS:
+                not_nullable(prop)
+
+
+def not_nullable(prop: Schema) -> None:
+    """`X | None` as X: the null branch of the field's `anyOf` goes."""
+    branches = [branch for branch in prop.pop("anyOf", []) if branch.get("type") != "null"]
+    if len(branches) != 1:
+        raise ValueError(f"{prop}: not an optional field")
+    prop.update({key: value for key, value in branches[0].items() if key not in prop})
 
 
 def structural(node: Schema, defs: dict[str, Schema], where: str) -> Schema:

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from fairpool.api.common import DNS_SUBDOMAIN, Metadata, Spec
+from fairpool.api.common import DNS_SUBDOMAIN, Metadata, Spec, cel_rules
 from fairpool.api.model_source import ModelUri, parse_model_uri
 from fairpool.api.placement import PlacementSpec
 from fairpool.api.scheduler_config import CostWeights, known_policy
@@ -57,6 +57,13 @@ class SecretReference(Spec):
 
 class ModelCache(Spec):
     """A volume per pod or one claim per pool (docs/kubernetes.md weighs the two)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            ("!has(self.storageClassName) || self.volume == 'pvc'",
+             "storageClassName is for volume pvc"),
+        )
+    )  # fmt: skip
 
     volume: Literal["emptyDir", "pvc"] = Field(
         default="emptyDir",
@@ -91,6 +98,14 @@ class ModelCache(Spec):
 
 
 class ModelSpec(Spec):
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            ("!has(self.secretRef) || (has(self.source) && "
+             "['hf://', 's3://', 'gs://'].exists(scheme, self.source.startsWith(scheme)))",
+             "secretRef is for hf://, s3:// and gs:// sources"),
+        )
+    )  # fmt: skip
+
     name: str = Field(
         min_length=1, description="Served model name: what clients put in the `model` field."
     )
@@ -435,6 +450,17 @@ class RoutingSpec(Spec):
 
 
 class InferencePoolSpec(Spec):
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            ("self.engine.kind == 'sim' || has(self.model.source)",
+             "model.source is required for engine kind vllm"),
+            ("!has(self.placement) || has(self.model.maxModelLen)",
+             "model.maxModelLen is required with placement (it sizes KV)"),
+            ("!has(self.placement) || !has(self.routing.policy) || self.routing.policy == 'jffc'",
+             "routing.policy must be jffc (or unset) with placement"),
+        )
+    )  # fmt: skip
+
     model: ModelSpec = Field(description="The model the pool serves.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="The model servers.")
     replicas: int = Field(default=1, ge=0, le=1024, description="Engine replicas.")

@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from fairpool.api.common import DNS_LABEL, Spec
+from fairpool.api.common import DNS_LABEL, Spec, cel_rules
 
 #: Kubernetes quantity suffixes for bytes.
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -84,6 +84,13 @@ class ModelProfileSpec(Spec):
 class GpuProfile(Spec):
     """How much of a node's GPU memory vLLM may use and how fast the node is: shared by
     node groups and by the GPU classes of discovered nodes."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            ("has(self.layerSeconds) || (has(self.tflops) && has(self.memoryBandwidthGBps))",
+             "give layerSeconds, or both tflops and memoryBandwidthGBps"),
+        )
+    )  # fmt: skip
 
     memory_utilization: float = Field(
         default=0.9,
@@ -222,11 +229,22 @@ class PlacementPolicy(Spec):
 
 
 class PlacementSpec(Spec):
-    """Chains of GPU nodes, each one pipeline-parallel vLLM engine (seed 003)."""
+    """Chains of GPU nodes, each one pipeline-parallel vLLM engine (docs/placement.md)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            ("(has(self.nodeGroups) && size(self.nodeGroups) > 0) != has(self.discovery)",
+             "give exactly one of nodeGroups and discovery"),
+        )
+    )  # fmt: skip
 
     model_profile: ModelProfileSpec = Field(alias="modelProfile", description="Model shape.")
     node_groups: list[NodeGroupSpec] = Field(
-        default_factory=list, alias="nodeGroups", description="The GPU nodes the pool may use."
+        default_factory=list,
+        alias="nodeGroups",
+        description="The GPU nodes the pool may use (each name once).",
+        # names unique at admission: a list keyed by name
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     discovery: NodeDiscovery | None = Field(
         default=None, description="Instead of nodeGroups: find the nodes by their labels."

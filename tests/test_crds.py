@@ -583,8 +583,7 @@ PIPELINE_SPEC = yaml.safe_load((ROOT / "examples" / "pipeline.yaml").read_text()
                 "placement": {
                     **PIPELINE_SPEC["placement"],
                     "nodeGroups": [
-                        {k: v for k, v in group.items() if k != "layerSeconds"}
-                        | {"tflops": 100}
+                        {k: v for k, v in group.items() if k != "layerSeconds"} | {"tflops": 100}
                         for group in PIPELINE_SPEC["placement"]["nodeGroups"]
                     ],
                 },

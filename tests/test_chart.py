@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -1458,3 +1459,73 @@ def test_several_gateway_processes_a_pod_share_state_without_a_budget(tmp_path):
     assert not by_kind(docs, "PodDisruptionBudget")  # one pod: a budget would block drains
     for version in KUBE_VERSIONS:
         validate_all(docs, version)
+
+
+# ------------------------------------------------------------------------ Gateway API, Ingress
+
+GATEWAY_API = ROOT / "tools" / "gateway-api"
+
+
+def gateway_api_errors(obj: Doc, tmp_path: Path) -> str | None:
+    """What the Gateway API's own schemas say of `obj` (None: valid); skipped without
+    them (make gateway-api-schemas)."""
+    node = shutil.which("node")
+    if node is None or not (GATEWAY_API / "node_modules" / "@kubernetes-models").exists():
+        pytest.skip("the Gateway API's schemas are not installed (make gateway-api-schemas)")
+    path = tmp_path / f"{obj['kind']}.json"
+    path.write_text(json.dumps(obj))
+    done = subprocess.run(
+        [node, str(GATEWAY_API / "validate.mjs"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return done.stdout.strip() or None if done.returncode else None
+
+
+@needs_helm
+def test_an_httproute_exposes_the_tenant_api_through_the_clusters_gateway(tmp_path):
+    values = {
+        "gateway": {
+            "httpRoute": {
+                "enabled": True,
+                "parentRefs": [{"name": "public", "namespace": "gateways"}],
+                "hostnames": ["llm.example.com"],
+            }
+        }
+    }
+    docs = render(tmp_path, values)
+    route = one(docs, "HTTPRoute", "fp-gateway")
+    assert gateway_api_errors(route, tmp_path) is None
+    service = one(docs, "Service", "fp-gateway")
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"] == service["spec"]["ports"][0]["port"] == 8080  # never the admin
+    assert rule["timeouts"] == {"request": "0s"}  # a stream lasts as long as its generation
+    assert route["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways"}]
+    broken = dict(route, spec={**route["spec"], "rules": [{"backendRefs": [{"port": "http"}]}]})
+    assert "port must be integer" in (gateway_api_errors(broken, tmp_path) or "")
+    refused = helm(
+        "template", RELEASE, str(CHART), "--set", "gateway.httpRoute.enabled=true", tmp=tmp_path
+    )
+    assert refused.returncode != 0 and "gateway.httpRoute.parentRefs" in refused.stderr
+    assert not by_kind(render(tmp_path), "HTTPRoute")
+
+
+@needs_helm
+def test_an_nginx_ingress_streams_answers_unbuffered_unless_told_otherwise(tmp_path):
+    nginx = {"gateway": {"ingress": {"enabled": True, "className": "nginx"}}}
+    annotations = one(render(tmp_path, nginx), "Ingress", "fp-gateway")["metadata"]["annotations"]
+    assert annotations == {
+        "nginx.ingress.kubernetes.io/proxy-buffering": "off",
+        "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600",
+        "nginx.ingress.kubernetes.io/proxy-send-timeout": "3600",
+    }
+    mine = {"nginx.ingress.kubernetes.io/proxy-read-timeout": "600"}
+    nginx["gateway"]["ingress"]["annotations"] = mine
+    told = one(render(tmp_path, nginx), "Ingress", "fp-gateway")["metadata"]["annotations"]
+    assert told["nginx.ingress.kubernetes.io/proxy-read-timeout"] == "600"
+    other = {"gateway": {"ingress": {"enabled": True, "className": "traefik"}}}
+    assert "annotations" not in one(render(tmp_path, other), "Ingress", "fp-gateway")["metadata"]

@@ -23,6 +23,7 @@ class FakeApi(Api):
         self._uids = itertools.count(1)
         self.node_list: list[dict[str, Any]] = []  # the cluster's Nodes
         self.served_kinds: set[str] = set()  # kinds of optional APIs served (LeaderWorkerSet)
+        self.events: list[dict[str, Any]] = []  # Events posted, in order
 
     # --- the Api ---------------------------------------------------------------------------
 
@@ -83,6 +84,9 @@ class FakeApi(Api):
 
     def serves(self, kind: Kind) -> bool:
         return kind.kind in self.served_kinds
+
+    def record_event(self, event: Mapping[str, Any]) -> None:
+        self.events.append(copy.deepcopy(dict(event)))
 
     # --- for tests -------------------------------------------------------------------------
 

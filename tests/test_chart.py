@@ -550,7 +550,13 @@ def test_operator_command_and_environment_follow_the_contract(full_docs):
         "fairpool",
         "--liveness",
         "http://0.0.0.0:8080/healthz",
+        "--metrics-port",
+        "9090",
+        "--log-format",
+        "json",
     ]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
     assert container["image"] == "ghcr.io/fairpool/operator:0.1.0"
     env = container_env(deployment)
     admin = one(full_docs, "Service", "fp-gateway-admin")
@@ -839,7 +845,7 @@ def test_service_monitor_scrapes_the_admin_service(full_docs):
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    (pods,) = by_kind(full_docs, "PodMonitor")
+    pods = one(full_docs, "PodMonitor", "fp-engines")
     relabel = pods["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_label_fairpool_io_pool"]
     assert relabel["targetLabel"] == "pool"
@@ -884,7 +890,7 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
     )
     assert token_mount["mountPath"] == contract.ADMIN_TOKEN_DIR
     assert gateway["securityContext"]["runAsUser"] == contract.RUN_AS
-    (monitor,) = by_kind(full_docs, "PodMonitor")
+    monitor = one(full_docs, "PodMonitor", "fp-engines")
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= contract.engine_labels("chat").items()
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
@@ -1073,10 +1079,18 @@ def test_the_admin_port_is_for_the_operator_and_monitoring_and_the_tenant_port_f
 
 
 @needs_helm
-def test_the_operator_takes_no_ingress(default_docs):
+def test_the_operator_takes_only_prometheus_on_its_metrics_port(default_docs, full_docs):
     policy = one(default_docs, "NetworkPolicy", "fp-operator")
     assert selects(policy["spec"]["podSelector"], pod_labels(default_docs, "fp-operator"))
-    assert policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in policy["spec"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
+    assert ports == {"metrics"}
+    assert admits(policy, "metrics", {"app": "prometheus"}, MONITORING)
+    gateway = pod_labels(default_docs, "fp-gateway")
+    assert not admits(policy, "metrics", gateway, OWN_NAMESPACE)
+    monitor = one(full_docs, "PodMonitor", "fp-operator")
+    assert selects(monitor["spec"]["selector"], pod_labels(full_docs, "fp-operator"))
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
 
 
 # ------------------------------------------------------------------------------------ RBAC

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import polling
+import prometheus_client
 import pytest
 import yaml
 
@@ -453,8 +454,11 @@ def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.Monke
     from fairpool_cli.main import main
 
     calls: list[dict[str, Any]] = []
+    configured: list[dict[str, Any]] = []
+    served: list[int] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
-    monkeypatch.setattr(kopf, "configure", lambda **kwargs: None)
+    monkeypatch.setattr(kopf, "configure", lambda **kwargs: configured.append(kwargs))
+    monkeypatch.setattr(prometheus_client, "start_http_server", served.append)
     monkeypatch.setenv("FAIRPOOL_NAMESPACE", "from-env")
     monkeypatch.setenv("POD_IP", "10.0.0.5")
     liveness = "http://0.0.0.0:8080/healthz"
@@ -465,6 +469,10 @@ def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.Monke
     assert (first["peering_name"], first["standalone"]) == ("fairpool", False)
     assert first["priority"] == 1 + (10 << 24 | 5) and first["liveness_endpoint"] == liveness
     assert (second["namespaces"], second["peering_name"], second["priority"]) == (["ns"], None, 7)
+    assert configured[-1]["log_format"] == kopf.LogFormat.PLAIN and served == []
+    assert main(["operator", "--log-format", "json", "--metrics-port", "9090"]) == 0
+    assert configured[-1]["log_format"] == kopf.LogFormat.JSON and served == [9090]
+    assert main(["operator", "--metrics-port", "0"]) == 2  # refused, naming the option
 
 
 def test_a_placement_pool_becomes_chains_whose_stage_0_pods_make_it_ready(

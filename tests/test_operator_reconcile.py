@@ -529,3 +529,68 @@ def test_missing_random_secrets_are_made_once_and_existing_ones_never_touched() 
 def test_a_bad_generated_secret_is_refused_naming_the_variable(text: str) -> None:
     with pytest.raises(ConfigError, match="FAIRPOOL_GENERATED_SECRETS"):
         OperatorConfig.from_environment({"FAIRPOOL_GENERATED_SECRETS": text})
+
+
+def test_events_tell_what_was_done_once_and_a_refusal_once() -> None:
+    api, reconciler = namespace()
+    reconciler.reconcile()
+    by_object = {
+        (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"]) for e in api.events
+    }
+    assert ("InferencePool", "chat", "Created") in by_object
+    assert ("TenantQuota", "acme", "InGatewayTable") in by_object
+    created = [e["message"] for e in api.events if e["involvedObject"]["name"] == "chat"]
+    assert "Created Deployment chat-engine" in created
+    assert all(e["type"] == "Normal" for e in api.events)
+    assert all(e["involvedObject"].get("uid") for e in api.events)  # on the very object
+    api.events.clear()
+    reconciler.reconcile()
+    assert api.events == []  # nothing done, nothing told
+
+    api.edit("InferencePool", "chat", {"replicas": 5})
+
+    def refuse(body: Any) -> Any:
+        raise ApiError(422, "Invalid")
+
+    api.apply = refuse  # type: ignore[method-assign]
+    reconciler.reconcile()
+    reconciler.refusals = {
+        key: dataclasses.replace(refusal, retry_at=0.0)
+        for key, refusal in reconciler.refusals.items()
+    }
+    reconciler.reconcile()  # tried again, refused again: no second warning
+    warnings = [e for e in api.events if e["type"] == "Warning"]
+    assert [(e["reason"], e["involvedObject"]["name"]) for e in warnings] == [
+        ("ApplyFailed", "chat")
+    ]
+    assert "422" in warnings[0]["message"]
+
+
+def test_the_operator_counts_its_reconciles_writes_and_refusals() -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {
+        "ok": sample("fairpool_operator_reconciles_total", result="ok"),
+        "error": sample("fairpool_operator_reconciles_total", result="error"),
+        "created": sample("fairpool_operator_writes_total", verb="create", kind="Deployment"),
+        "timed": sample("fairpool_operator_reconcile_seconds_count"),
+    }
+    api, reconciler = namespace()
+    operator = Operator(reconciler)
+    operator.reconcile()
+    assert sample("fairpool_operator_reconciles_total", result="ok") == before["ok"] + 1
+    created = sample("fairpool_operator_writes_total", verb="create", kind="Deployment")
+    assert created == before["created"] + 2  # chat's and code's
+    assert sample("fairpool_operator_reconcile_seconds_count") == before["timed"] + 1
+    assert sample("fairpool_operator_refused_objects") == 0
+
+    def refuse(*args: Any) -> Any:
+        raise ApiError(503, "unavailable")
+
+    api.list = refuse  # type: ignore[method-assign]
+    with pytest.raises(ApiError):
+        operator.reconcile()
+    assert sample("fairpool_operator_reconciles_total", result="error") == before["error"] + 1

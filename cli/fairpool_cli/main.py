@@ -296,6 +296,12 @@ def _parser() -> argparse.ArgumentParser:
         "--liveness", metavar="URL", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     operator.add_argument("--verbose", action="store_true", help="debug logging")
+    operator.add_argument(
+        "--log-format", choices=("plain", "json"), default="plain", help="log lines (plain)"
+    )
+    operator.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on PORT"
+    )
     operator.set_defaults(handler=_operator)
 
     local = commands.add_parser(
@@ -548,8 +554,17 @@ def _plan(args: argparse.Namespace) -> int:
 def _operator(args: argparse.Namespace) -> int:
     from fairpool_operator.main import run
 
+    if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:
+        raise ConfigError("--metrics-port", f"must be a port number, got {args.metrics_port}")
     return run(
-        args.namespace, args.peering, args.standalone, args.liveness, args.priority, args.verbose
+        args.namespace,
+        args.peering,
+        args.standalone,
+        args.liveness,
+        args.priority,
+        args.verbose,
+        log_format=args.log_format,
+        metrics_port=args.metrics_port,
     )
 
 

@@ -107,6 +107,9 @@ class Api(Protocol):
     def serves(self, kind: Kind) -> bool:
         """Whether the API server serves `kind` (its API group's discovery lists it)."""
 
+    def record_event(self, event: Mapping[str, Any]) -> None:
+        """Posts a core/v1 Event (`kubectl describe` shows it on its object)."""
+
 
 def matches(obj: Mapping[str, Any], labels: Mapping[str, str] | None) -> bool:
     """Whether the object carries every one of `labels`."""

@@ -96,6 +96,10 @@ class KubernetesApi:
             raise
         return any(item.get("name") == kind.plural for item in found.get("resources") or [])
 
+    def record_event(self, event: Mapping[str, Any]) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/events"
+        self._request("POST", path, event, query={"fieldManager": FIELD_MANAGER})
+
     def _request(
         self,
         method: str,

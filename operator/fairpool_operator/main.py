@@ -17,6 +17,8 @@ def run(
     liveness: str | None,
     priority: int | None,
     verbose: bool = False,
+    log_format: str = "plain",
+    metrics_port: int | None = None,
 ) -> int:
     """Runs until SIGINT/SIGTERM. With peering, the operator replica of the highest
     priority works and the others wait (kopf's peering through the KopfPeering `peering`)."""
@@ -27,7 +29,12 @@ def run(
             "fairpool operator", "needs the operator extra: pip install 'fairpool[operator]'"
         ) from None
     config = OperatorConfig.from_environment(namespace=namespace)
-    kopf.configure(verbose=verbose)
+    formats = {"plain": kopf.LogFormat.PLAIN, "json": kopf.LogFormat.JSON}
+    kopf.configure(verbose=verbose, log_format=formats[log_format])
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)  # fairpool_operator.metrics, and the process's
     import fairpool_operator.handlers  # noqa: F401  (registers the handlers with kopf)
 
     kopf.run(

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from fairpool.api.gateway_config import GatewayConfig
-from fairpool_operator import contract
+from fairpool_operator import contract, events
 from fairpool_operator.api import (
     BUDGET,
     DEPLOYMENT,
@@ -52,6 +52,7 @@ from fairpool_operator.plan import (
     DesiredPool,
     NamespacePlan,
     Problem,
+    TenantPlan,
     needs_nodes,
     plan_namespace,
     pool_plans,
@@ -167,6 +168,7 @@ class Reconciler:
         self._prune(plan, writes)
         self._apply_to(plan.gateway_secret, current_gateway, writes, adopt=True)
         for tenant in plan.tenants:
+            self._tell_tenant_table(tenant)
             self._write_status(TENANT, tenant.name, tenant.body, tenant_status(tenant), writes)
         return writes
 
@@ -219,6 +221,23 @@ class Reconciler:
         return writes
 
     # ------------------------------------------------------------------ internals
+
+    def _event(
+        self, about: Mapping[str, Any], kind: str, reason: str, message: str, warning: bool = False
+    ) -> None:
+        events.post(self.api, events.event(about, kind, reason, message, self.clock(), warning))
+
+    def _tell_tenant_table(self, tenant: TenantPlan) -> None:
+        """An Event when the tenant enters or leaves the gateway's tenant table."""
+        conditions = (tenant.body.get("status") or {}).get("conditions") or []
+        was = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        if tenant.in_gateway and not was:
+            message = "Added to the gateway's tenant table: its keys are accepted"
+            self._event(tenant.body, "TenantQuota", "InGatewayTable", message)
+        elif was and not tenant.in_gateway:
+            why = tenant.problem.message if tenant.problem else "not in the gateway's table"
+            message = f"Removed from the gateway's tenant table: {why}"
+            self._event(tenant.body, "TenantQuota", "RemovedFromGatewayTable", message, True)
 
     def _generate_missing_secrets(self, writes: list[Write]) -> None:
         """Makes each of the configuration's generated Secrets that does not exist (never
@@ -279,11 +298,24 @@ class Reconciler:
             retry_at = self.monotonic() + delay
             self.refusals[key] = Refusal(pool, problem, attempts, retry_at, digest)
             log.warning("InferencePool %s: %s; again in %.0f s", pool, message, delay)
+            if attempts == 1:
+                about = {"metadata": {"name": pool, "namespace": self.config.namespace}}
+                self._event(about, "InferencePool", "ApplyFailed", message, warning=True)
             return None
         self.refusals.pop(key, None)
         return result
 
     def _reconcile_pool(self, plan: DesiredPool, writes: list[Write]) -> None:
+        start = len(writes)
+        try:
+            self._reconcile_pool_objects(plan, writes)
+        finally:
+            for write in writes[start:]:
+                if write.verb in events.VERBS:
+                    message = f"{events.VERBS[write.verb]} {write.kind} {write.name}"
+                    self._event(plan.body, "InferencePool", events.VERBS[write.verb], message)
+
+    def _reconcile_pool_objects(self, plan: DesiredPool, writes: list[Write]) -> None:
         deployment: dict[str, Any] | None = None
         workloads: list[dict[str, Any]] = []
         problem = plan.problem

@@ -14,10 +14,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from fairpool_operator import metrics
 from fairpool_operator.reconcile import Reconciler, Write
 from fairpool_operator.served import Served, fetch_served
 
 log = logging.getLogger("fairpool.operator")
+
+
+def count_writes(writes: list[Write]) -> list[Write]:
+    for write in writes:
+        metrics.WRITES.labels(verb=write.verb, kind=write.kind).inc()
+    return writes
 
 
 class Resync:
@@ -92,7 +99,17 @@ class Operator:
                 return None
             with self._counter:
                 self._covered = self._requested
-            writes = self.reconciler.reconcile()
+            started = time.perf_counter()
+            try:
+                writes = self.reconciler.reconcile()
+            except Exception:
+                metrics.RECONCILES.labels(result="error").inc()
+                raise
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+                metrics.REFUSED.set(len(self.reconciler.refusals))
+            metrics.RECONCILES.labels(result="ok").inc()
+            count_writes(writes)
             self._finished_at = self.clock()
             return writes
 
@@ -105,7 +122,7 @@ class Operator:
 
     def refresh_pool_status(self, name: str) -> list[Write]:
         with self._lock:
-            return self.reconciler.refresh_pool_status(name)
+            return count_writes(self.reconciler.refresh_pool_status(name))
 
     def poll_served(self, max_age: float) -> list[Write] | None:
         """The gateway's numbers onto the tenants, at most once per `max_age` seconds."""
@@ -120,4 +137,4 @@ class Operator:
         if report is None:
             return None
         with self._lock:
-            return self.reconciler.record_served(report)
+            return count_writes(self.reconciler.record_served(report))

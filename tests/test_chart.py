@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from openapi_schema_validator import OAS30Validator
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.api.manifests import load_manifests
@@ -91,6 +91,7 @@ FULL_VALUES: Doc = {
     "metrics": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
         "podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
     },
     "grafana": {"dashboard": {"enabled": True, "namespace": "monitoring"}},
     "networkPolicy": {
@@ -264,7 +265,54 @@ def _monitor_schema(endpoints: str, required: list[str]) -> Doc:
     }
 
 
+_DURATION: Doc = {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$"}
+_STRINGS: Doc = {"type": "object", "additionalProperties": {"type": "string"}}
+#: The fields of the Prometheus Operator's PrometheusRule the chart uses (its CRD's, closed).
+_PROMETHEUS_RULE: Doc = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": _DURATION,
+                                        "labels": _STRINGS,
+                                        "annotations": _STRINGS,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}  # fmt: skip
+
 MONITOR_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "PrometheusRule"): _PROMETHEUS_RULE,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): _monitor_schema(
         "endpoints", ["endpoints", "selector"]
     ),
@@ -1241,16 +1289,23 @@ def test_values_schema_is_complete():
 
 def known_metric_names() -> set[str]:
     from fairpool_engine.sim.metrics import EngineMetrics
+    from fairpool_gateway.fleet_shares import FleetShares
     from fairpool_gateway.metrics import GatewayMetrics
+    from fairpool_operator import metrics as operator_metrics
 
     gateway = GatewayMetrics()
     gateway.add_state(lambda: iter(()), lambda: iter(()), lambda: iter(()), lambda: iter(()))
     engine = CollectorRegistry()
     EngineMetrics("model", registry=engine)
+    operator = CollectorRegistry()
+    for collector in vars(operator_metrics).values():
+        if isinstance(collector, (Counter, Gauge, Histogram)):
+            operator.register(collector)
+    operator.register(FleetShares(None, dict, dict))  # type: ignore[arg-type]  (several replicas)
     suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
     return {
         family.name + suffix
-        for registry in (gateway.registry, engine)
+        for registry in (gateway.registry, engine, operator)
         for family in registry.collect()
         for suffix in suffixes[family.type]
     }
@@ -1475,6 +1530,36 @@ def test_several_gateway_processes_a_pod_share_state_without_a_budget(tmp_path):
         validate_all(docs, version)
 
 
+# ------------------------------------------------------------------------------------ alerts
+
+
+@needs_helm
+def test_the_alerts_parse_as_promql_and_query_metrics_that_exist(full_docs):
+    promql = pytest.importorskip("promql_parser", reason="promql-parser (x86-64 wheels only)")
+    (rule,) = by_kind(full_docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    alerts = {item["alert"]: item for group in rule["spec"]["groups"] for item in group["rules"]}
+    assert set(alerts) == {
+        "FairpoolTenantStarved",
+        "FairpoolTenantBelowShare",
+        "FairpoolGatewayErrors",
+        "FairpoolPoolWithoutEngines",
+        "FairpoolKVCacheSaturated",
+        "FairpoolRejectionsSpiking",
+        "FairpoolOperatorRefusedObjects",
+        "FairpoolOperatorReconcileErrors",
+    }
+    known = known_metric_names()
+    for name, alert in alerts.items():
+        promql.parse(alert["expr"])  # raises on anything Prometheus would refuse
+        used = set(re.findall(r"\b((?:fairpool_|vllm:)[a-zA-Z0-9_:]+)", alert["expr"]))
+        assert used and used <= known, (name, used - known)
+        assert alert["labels"]["severity"] in ("warning", "critical")
+        assert "{{ $labels" in alert["annotations"]["summary"] or "operator" in name.lower()
+    # worker counts per gateway replica, never summed over replicas
+    assert "by (pool, instance)" in alerts["FairpoolPoolWithoutEngines"]["expr"]
+
+
 # ------------------------------------------------------------------------ Gateway API, Ingress
 
 GATEWAY_API = ROOT / "tools" / "gateway-api"
@@ -1543,3 +1628,37 @@ def test_an_nginx_ingress_streams_answers_unbuffered_unless_told_otherwise(tmp_p
     assert told["nginx.ingress.kubernetes.io/proxy-read-timeout"] == "600"
     other = {"gateway": {"ingress": {"enabled": True, "className": "traefik"}}}
     assert "annotations" not in one(render(tmp_path, other), "Ingress", "fp-gateway")["metadata"]
+
+
+@needs_helm
+def test_the_monitors_come_with_the_dashboard_where_the_cluster_serves_their_api(tmp_path):
+    """auto (the default): rendered when the cluster serves the Prometheus Operator's API
+    (as `helm install` and Argo CD see it; `--api-versions` for `helm template`)."""
+    monitors = {"ServiceMonitor", "PodMonitor"}
+    assert not [doc for doc in render(tmp_path) if doc["kind"] in monitors]
+    served = ("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+    served += ("--api-versions", "monitoring.coreos.com/v1/PodMonitor")
+    kinds = {doc["kind"] for doc in render(tmp_path, None, *served)}
+    assert monitors <= kinds
+    off = {"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False}}}
+    assert not {doc["kind"] for doc in render(tmp_path, off, *served)} & monitors
+
+
+@needs_helm
+def test_the_dashboards_queries_parse_and_count_per_gateway_replica(default_docs):
+    promql = pytest.importorskip("promql_parser", reason="promql-parser (x86-64 wheels only)")
+    dashboard = json.loads((CHART / "dashboards" / "fairpool.json").read_text())
+    grafana = {"$__rate_interval": "5m", "$__range": "1h", "$pool": ".*", "$tenant": ".*"}
+    by_title = {}
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for variable, value in grafana.items():
+                expr = expr.replace(variable, value)
+            promql.parse(expr)
+            by_title.setdefault(panel["title"], []).append(target["expr"])
+    for title in ("Workers in rotation", "Workers known"):
+        (expr,) = by_title[title]
+        assert expr.startswith("max by (pool) (") and "by (pool, instance)" in expr, title
+    (jain,) = by_title["Jain's index (service per weight)"]
+    assert "fairpool_gateway_queued" in jain and "fairpool_gateway_in_flight" in jain  # active

@@ -167,3 +167,13 @@ chart renders no random value, so a renderer without cluster access (Argo CD, Fl
 {{- define "fairpool.pullSecretNames" -}}
 {{- join "," .Values.images.pullSecrets -}}
 {{- end }}
+
+{{/* Whether a Prometheus Operator object is rendered: its value is true, or "auto" and the
+cluster serves its API (.Capabilities: the cluster's for helm install and Argo CD; for
+`helm template`, what --api-versions says). Call with (dict "root" . "enabled" VALUE "api"
+"monitoring.coreos.com/v1/ServiceMonitor"). */}}
+{{- define "fairpool.monitorEnabled" -}}
+{{- if eq (toString .enabled) "true" -}}true
+{{- else if and (eq (toString .enabled) "auto") (.root.Capabilities.APIVersions.Has .api) -}}true
+{{- end -}}
+{{- end -}}

@@ -1662,3 +1662,83 @@ def test_the_dashboards_queries_parse_and_count_per_gateway_replica(default_docs
         assert expr.startswith("max by (pool) (") and "by (pool, instance)" in expr, title
     (jain,) = by_title["Jain's index (service per weight)"]
     assert "fairpool_gateway_queued" in jain and "fairpool_gateway_in_flight" in jain  # active
+
+
+# ------------------------------------------------------------------------------- autoscaling
+
+#: The fields of KEDA's ScaledObject (keda.sh/v1alpha1) the chart uses (its CRD's, closed).
+_SCALED_OBJECT: Doc = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                    },
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "triggers": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "metadata": _STRINGS,
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+
+
+@needs_helm
+def test_keda_scales_pools_through_their_scale_subresource_on_what_waits(tmp_path):
+    promql = pytest.importorskip("promql_parser", reason="promql-parser (x86-64 wheels only)")
+    values = {
+        "autoscaling": {
+            "keda": {"prometheusAddress": "http://prometheus-operated.monitoring:9090"},
+            "pools": [
+                {"pool": "chat", "minReplicas": 0, "maxReplicas": 8, "kvCacheUsage": 0.85},
+                {"pool": "code", "maxReplicas": 3},
+            ],
+        }
+    }
+    docs = render(tmp_path, values)
+    chat, code = (one(docs, "ScaledObject", f"{name}-engines") for name in ("chat", "code"))
+    crd = yaml.safe_load((ROOT / "crds" / "inferencepools.fairpool.io.yaml").read_text())
+    assert "scale" in crd["spec"]["versions"][0]["subresources"]  # what KEDA drives
+    known = known_metric_names()
+    for scaled in (chat, code):
+        assert crd_errors(scaled, _SCALED_OBJECT) == []
+        target = scaled["spec"]["scaleTargetRef"]
+        assert (target["apiVersion"], target["kind"]) == ("fairpool.io/v1alpha1", "InferencePool")
+        for trigger in scaled["spec"]["triggers"]:
+            query = trigger["metadata"]["query"]
+            promql.parse(query)
+            used = set(re.findall(r"\b((?:fairpool_|vllm:)[a-zA-Z0-9_:]+)", query))
+            assert used <= known and f'pool="{target["name"]}"' in query
+    # from zero, the gateway's queue (it holds requests while the pool wakes) counts
+    assert chat["spec"]["minReplicaCount"] == 0 and code["spec"]["minReplicaCount"] == 1
+    waiting = chat["spec"]["triggers"][0]["metadata"]
+    assert "fairpool_gateway_queued" in waiting["query"] and waiting["activationThreshold"] == "0"
+    assert len(chat["spec"]["triggers"]) == 2 and len(code["spec"]["triggers"]) == 1
+    no_address = {"autoscaling": {"pools": [{"pool": "chat", "maxReplicas": 2}]}}
+    refused = helm("template", RELEASE, str(CHART), values=no_address, tmp=tmp_path)
+    assert refused.returncode != 0 and "autoscaling.keda.prometheusAddress" in refused.stderr

@@ -914,6 +914,7 @@ def test_chart_and_operator_share_the_contract(full_docs, default_docs):
         contract.LEADER_WORKER_SET_ENV,
     } <= env.keys()
     assert env[contract.LEADER_WORKER_SET_ENV] == "auto"
+    assert env[contract.WATCH_NODES_ENV] == "true"  # rbac.readNodes: it may
     assert env[contract.GATEWAY_SECRET_ENV] == contract.DEFAULT_GATEWAY_SECRET
     assert one(default_docs, "KopfPeering", contract.DEFAULT_PEERING)
     gateway = one(default_docs, "Deployment", "fp-gateway")["spec"]["template"]["spec"]

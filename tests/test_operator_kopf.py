@@ -473,6 +473,13 @@ def test_fairpool_operator_runs_kopf_for_one_namespace(monkeypatch: pytest.Monke
     assert main(["operator", "--log-format", "json", "--metrics-port", "9090"]) == 0
     assert configured[-1]["log_format"] == kopf.LogFormat.JSON and served == [9090]
     assert main(["operator", "--metrics-port", "0"]) == 2  # refused, naming the option
+    from fairpool_operator import handlers
+
+    watched: list[bool] = []
+    monkeypatch.setattr(handlers, "watch_nodes", lambda: watched.append(True))
+    assert main(["operator"]) == 0 and watched == []  # Nodes only where RBAC lets it read them
+    monkeypatch.setenv("FAIRPOOL_WATCH_NODES", "true")
+    assert main(["operator"]) == 0 and watched == [True]
 
 
 def test_a_placement_pool_becomes_chains_whose_stage_0_pods_make_it_ready(

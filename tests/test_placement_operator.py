@@ -791,3 +791,46 @@ def test_the_example_loads_as_a_placement_pool_routed_by_jffc() -> None:
     (pool,) = load_manifests(EXAMPLE).pools
     assert pool.spec.placement is not None and pool.spec.routing.policy == "jffc"
     assert [g.name for g in pool.spec.placement.node_groups] == ["h100", "l40s"]
+
+
+def test_a_node_change_replans_a_discovering_pool_and_heartbeats_do_not() -> None:
+    kopf = pytest.importorskip("kopf")
+    from fairpool_operator import handlers
+    from fairpool_operator.runtime import Operator
+
+    api = FakeApi()
+    api.node_list = [node(f"h{i}", pool="llm") for i in range(4)]
+    api.put(discovery_body())
+    operator = Operator(Reconciler(api, STATEFULSETS))
+    reconciles: list[int] = []
+    full = operator.reconcile
+
+    def counted(max_age: float | None = None) -> Any:
+        reconciles.append(1)
+        return full(max_age)
+
+    operator.reconcile = counted  # type: ignore[method-assign]
+    memo = kopf.Memo(operator=operator)
+    operator.reconcile()
+    assert operator.reconciler.uses_nodes
+    reconciles.clear()
+    for listed in api.node_list:  # the watch's first listing: nothing changed yet
+        handlers.node_changed(type=None, body=listed, memo=memo)
+    beat = copy.deepcopy(api.node_list[0])
+    beat["status"] = {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "x"}]}
+    handlers.node_changed(type="MODIFIED", body=beat, memo=memo)
+    assert reconciles == []  # a heartbeat: placement reads nothing of it
+    relabelled = copy.deepcopy(beat)
+    relabelled["metadata"]["labels"]["pool"] = "elsewhere"
+    api.node_list[0] = relabelled
+    handlers.node_changed(type="MODIFIED", body=relabelled, memo=memo)
+    assert reconciles == [1]
+    handlers.node_changed(type="DELETED", body=relabelled, memo=memo)
+    assert reconciles == [1, 1]
+
+    plain = FakeApi()
+    plain.put(example_body())
+    quiet = Operator(Reconciler(plain, STATEFULSETS))
+    quiet.reconcile()
+    assert not quiet.reconciler.uses_nodes
+    handlers.node_changed(type="MODIFIED", body=relabelled, memo=kopf.Memo(operator=quiet))

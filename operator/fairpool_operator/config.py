@@ -50,6 +50,9 @@ class OperatorConfig:
     shared_state_password: bool = False
     #: Secrets to make when missing (the gateway's admin token, the shared state's password).
     generated_secrets: tuple[GeneratedSecret, ...] = ()
+    #: Watch the cluster's Nodes (placement pools that discover theirs; needs the chart's
+    #: ClusterRole, rbac.readNodes).
+    watch_nodes: bool = False
 
     def shared_state(self) -> dict[str, object] | None:
         """gateway.yaml's `sharedState`, or None for one gateway."""
@@ -90,6 +93,7 @@ class OperatorConfig:
             gateway_replicas=_count(env, contract.GATEWAY_REPLICAS_ENV, 1),
             shared_state_password=_auto_flag(env, contract.SHARED_STATE_PASSWORD_ENV) is True,
             generated_secrets=_generated_secrets(env, contract.GENERATED_SECRETS_ENV),
+            watch_nodes=_auto_flag(env, contract.WATCH_NODES_ENV) is True,
         )
 
 

@@ -10,6 +10,8 @@
   reverted);
 - a timer on every tenant, every FAIRPOOL_SERVED_INTERVAL seconds (30): the gateway's served
   numbers (fetched once for all tenants);
+- a Node's labels, allocatable resources or schedulability changing (with the chart's
+  rbac.readNodes; `node_changed`): a full reconcile, when a placement pool discovers nodes;
 - a thread of the operator's own (`runtime.Resync`), whatever exists: every 30 s, a full
   reconcile if none ran for 5 minutes or a refused object is due again (a safety net for
   lost events, and for edits nobody is told about: the gateway's Secret, the Nodes).
@@ -28,6 +30,8 @@ Tenants carry kopf's finalizer `fairpool.io/kopf-finalizer`, which kopf adds for
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -181,6 +185,39 @@ def engine_pod_changed(type: str, labels: Mapping[str, str], memo: kopf.Memo, **
 def tenant_timer(memo: kopf.Memo, **_: Any) -> None:
     """The gateway's served numbers (fetched once for all tenants)."""
     _log(memo.operator.poll_served(max_age=SERVED_INTERVAL / 2))
+
+
+def node_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A Node came, went, or changed what placement reads of it (labels, allocatable GPUs
+    and memory, schedulability): a full reconcile, when a pool discovers its nodes. The
+    kubelet's heartbeats (status conditions) change nothing here."""
+    operator = memo.get("operator")
+    seen: dict[str, str] = memo.setdefault("node_shapes", {})
+    name = str(body.get("metadata", {}).get("name"))
+    shape = None if type == "DELETED" else node_shape(body)
+    changed = seen.get(name) != shape
+    if shape is None:
+        seen.pop(name, None)
+    else:
+        seen[name] = shape
+    if type is not None and changed and operator is not None and operator.reconciler.uses_nodes:
+        _reconcile(memo)
+
+
+def node_shape(body: Mapping[str, Any]) -> str:
+    """What of a Node placement reads, as a digest."""
+    shape = {
+        "labels": body.get("metadata", {}).get("labels") or {},
+        "allocatable": (body.get("status") or {}).get("allocatable") or {},
+        "unschedulable": bool((body.get("spec") or {}).get("unschedulable")),
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+
+def watch_nodes() -> None:
+    """Registers `node_changed` (only where the operator may read Nodes: a watch refused by
+    RBAC would be retried, and logged, forever)."""
+    kopf.on.event("", "v1", "nodes")(node_changed)
 
 
 def _reconcile(memo: kopf.Memo) -> None:

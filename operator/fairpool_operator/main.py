@@ -35,7 +35,10 @@ def run(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port)  # fairpool_operator.metrics, and the process's
-    import fairpool_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+    from fairpool_operator import handlers  # registers the handlers with kopf
+
+    if config.watch_nodes:
+        handlers.watch_nodes()
 
     kopf.run(
         namespaces=[config.namespace],

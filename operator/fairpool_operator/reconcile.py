@@ -125,6 +125,8 @@ class Reconciler:
         self.monotonic = monotonic
         #: The Secrets the tenants named at the last reconcile (whose changes matter).
         self.referenced_secrets: frozenset[str] = frozenset()
+        #: Whether a pool discovers its nodes (so that a change of the Nodes matters).
+        self.uses_nodes = False
         #: Objects the API server refused, by (kind, name): each pool's failure stays its
         #: own (a condition on it) while the others, and the gateway's Secret, go on.
         self.refusals: dict[tuple[str, str], Refusal] = {}
@@ -149,7 +151,8 @@ class Reconciler:
             if name in names:
                 secrets[name] = body
         current_gateway = self.api.get(SECRET, self.config.gateway_secret)
-        nodes = self._nodes() if needs_nodes(pools) else None
+        self.uses_nodes = needs_nodes(pools)
+        nodes = self._nodes() if self.uses_nodes else None
         plan = plan_namespace(
             pools, quotas, secrets, self.config, gateway_of(current_gateway), nodes
         )

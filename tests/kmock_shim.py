@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 import kmock
 from kmock._internal import aiobus, enums
+from kmock._internal.k8s import KubernetesError
 
 from fairpool.api.stored import schema_of, stored
 
@@ -66,10 +67,21 @@ class RecordingBus(aiobus.Bus[Any]):
         await super().put(item)
 
 
+@attrs.frozen
+class Refusal(KubernetesError):
+    """What an admission policy or a ResourceQuota answers: the object is not written."""
+
+    status: int = 403
+    reason: str = "Forbidden"
+    message: str = "refused"
+
+
 @attrs.define(kw_only=True)
 class FaithfulEmulator(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
     _last_version: int = attrs.field(default=999, init=False)
+    #: Writes (create, update) to refuse, by (plural, name): a test's admission policy.
+    refused: dict[tuple[str, str], Refusal] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -95,6 +107,14 @@ class FaithfulEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: Any) -> Any:
         data = request.data
+        if request.action in (enums.action.CREATE, enums.action.UPDATE):
+            name = request.name or (data.get("metadata", {}) if isinstance(data, dict) else {}).get(
+                "name"
+            )
+            plural = getattr(request.resource, "plural", None)
+            refusal = self.refused.get((str(plural), str(name)))
+            if refusal is not None and request.subresource is None:
+                raise refusal
         if request.resource is not None and request.action == enums.action.CREATE:
             if isinstance(data, dict):
                 if schema_of(str(data.get("kind"))) is not None:

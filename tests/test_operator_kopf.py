@@ -25,7 +25,7 @@ pytest.importorskip("kmock", reason="kmock (the dev extra) emulates the API")
 
 import kmock
 import kopf
-from kmock_shim import faithful_kmock
+from kmock_shim import Refusal, faithful_kmock
 from kopf.testing import KopfRunner
 
 NS = "serving"
@@ -381,6 +381,57 @@ def recent_writes(emulator: Any, count: int) -> list[str]:
     writes = [r for verb in ("post", "patch", "delete") for r in emulator[verb]]
     writes.sort(key=lambda r: r.id)
     return [f"{r.method.name} {r.url.path} {r.data}" for r in writes[-count:]]
+
+
+def condition_of(body: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    conditions = (body or {}).get("status", {}).get("conditions", [])
+    return next(item for item in conditions if item["type"] == kind)
+
+
+def test_a_pool_the_api_server_refuses_leaves_the_others_and_the_gateway_in_effect(
+    cluster_env: Path,
+) -> None:
+    """Fault injection: the API server refuses one pool's Deployment (a ResourceQuota's 403).
+    The other pool and the gateway's table (the tenant, both pools) still come into effect,
+    the refused pool says why, and once the quota allows it the retry creates it."""
+
+    async def scenario() -> list[str]:
+        async with faithful_kmock() as emulator:
+            quota = 'deployments "beta-engine" is forbidden: exceeded quota: gpus'
+            emulator.refused["deployments", "beta-engine"] = Refusal(message=quota)
+            write_kubeconfig(cluster_env, str(emulator.url).rstrip("/"))
+            k = Cluster(emulator)
+            base = f"/apis/fairpool.io/v1alpha1/namespaces/{NS}"
+            await k.post(f"/api/v1/namespaces/{NS}/secrets", secret("acme-keys", KEY))
+            for name in ("alpha", "beta"):
+                await k.post(f"{base}/inferencepools", pool(name))
+            await k.post(f"{base}/tenantquotas", tenant("acme", 1, ["alpha", "beta"]))
+            async with Operator() as runner:
+                await eventually(lambda: k.get("apps/v1/deployments", "alpha-engine"))
+                await eventually(
+                    lambda: [entry["name"] for entry in k.gateway()["pools"]] == ["alpha", "beta"]
+                )
+                await eventually(lambda: [t["tenant"] for t in k.gateway()["tenants"]] == ["acme"])
+                await eventually(
+                    lambda: (
+                        condition_of(k.get(POOLS, "beta"), "Degraded")["reason"] == "ApplyFailed"
+                    )
+                )
+                message = condition_of(k.get(POOLS, "beta"), "Degraded")["message"]
+                assert "Deployment beta-engine" in message and "exceeded quota" in message
+                assert k.get("apps/v1/deployments", "beta-engine") is None
+                assert condition_of(k.get(POOLS, "alpha"), "Degraded")["status"] == "False"
+                assert k.get("v1/configmaps", "beta-scheduler")  # the pool's other objects
+
+                del emulator.refused["deployments", "beta-engine"]  # the quota is raised
+                await eventually(lambda: k.get("apps/v1/deployments", "beta-engine"))
+                await eventually(
+                    lambda: condition_of(k.get(POOLS, "beta"), "Degraded")["status"] == "False"
+                )
+            return [runner.output]
+
+    outputs = asyncio.run(scenario())
+    assert "Traceback" not in "".join(outputs)
 
 
 # --- the handlers as plain functions, and `fairpool operator` ------------------------------------

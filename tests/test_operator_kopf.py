@@ -304,7 +304,13 @@ def engine_pod(name: str, ip: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "labels": {"fairpool.io/pool": "chat", "app.kubernetes.io/instance": "chat"},
+            # as the Deployment's template labels them (contract.engine_labels)
+            "labels": {
+                "fairpool.io/pool": "chat",
+                "app.kubernetes.io/name": "fairpool-engine",
+                "app.kubernetes.io/instance": "chat",
+                "app.kubernetes.io/managed-by": "fairpool-operator",
+            },
         },
         "status": {
             "podIP": ip,
@@ -381,6 +387,30 @@ def recent_writes(emulator: Any, count: int) -> list[str]:
     writes = [r for verb in ("post", "patch", "delete") for r in emulator[verb]]
     writes.sort(key=lambda r: r.id)
     return [f"{r.method.name} {r.url.path} {r.data}" for r in writes[-count:]]
+
+
+def test_reconciles_read_the_operators_objects_from_its_watches(cluster_env: Path) -> None:
+    """Once running, a reconcile reads pools, tenants and the pools' objects from kopf's
+    indexes (what the watches already brought), not with a request per read."""
+
+    async def scenario() -> None:
+        async with faithful_kmock() as emulator:
+            write_kubeconfig(cluster_env, str(emulator.url).rstrip("/"))
+            k = Cluster(emulator)
+            base = f"/apis/fairpool.io/v1alpha1/namespaces/{NS}"
+            deployment = f"get /apis/apps/v1/namespaces/{NS}/deployments/chat-engine"
+            await k.post(f"/api/v1/namespaces/{NS}/secrets", secret("acme-keys", KEY))
+            await k.post(f"{base}/inferencepools", pool())
+            async with Operator():
+                await eventually(lambda: k.get("apps/v1/deployments", "chat-engine"))
+                await eventually(lambda: k.get(POOLS, "chat")["status"]["conditions"])
+                before = len(emulator[deployment])
+                await k.post(f"{base}/tenantquotas", tenant("acme", 1, ["chat"]))
+                await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 1.0})
+                await eventually(lambda: [t["tenant"] for t in k.gateway()["tenants"]] == ["acme"])
+                assert len(emulator[deployment]) == before  # the reconciles read it cached
+
+    asyncio.run(scenario())
 
 
 def condition_of(body: dict[str, Any] | None, kind: str) -> dict[str, Any]:

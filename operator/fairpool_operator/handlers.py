@@ -30,6 +30,7 @@ Tenants carry kopf's finalizer `fairpool.io/kopf-finalizer`, which kopf adds for
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ import kopf
 
 from fairpool_operator import contract
 from fairpool_operator.api import LEADERWORKERSET, Api, ApiError
+from fairpool_operator.cache import CachedApi
 from fairpool_operator.config import OperatorConfig, _seconds
 from fairpool_operator.kube import KubernetesApi
 from fairpool_operator.reconcile import Reconciler, Write
@@ -124,23 +126,23 @@ def with_leader_worker_set(config: OperatorConfig, api: Api) -> OperatorConfig:
 @kopf.on.resume(*POOLS)
 @kopf.on.create(*POOLS)
 @kopf.on.update(*POOLS)
-def pool_changed(memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(memo)
+def pool_changed(memo: kopf.Memo, **kwargs: Any) -> None:
+    _reconcile(memo, kwargs)
 
 
 @kopf.on.resume(*TENANTS)
 @kopf.on.create(*TENANTS)
 @kopf.on.update(*TENANTS)
-def tenant_changed(memo: kopf.Memo, **_: Any) -> None:
-    _reconcile(memo)
+def tenant_changed(memo: kopf.Memo, **kwargs: Any) -> None:
+    _reconcile(memo, kwargs)
 
 
 @kopf.on.event(*POOLS)
 @kopf.on.event(*TENANTS)
-def deleted(type: str, memo: kopf.Memo, **_: Any) -> None:
+def deleted(type: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """The reconcile recomputes the gateway's Secret and the weights from what exists."""
     if type == "DELETED":
-        _reconcile(memo)
+        _reconcile(memo, kwargs)
 
 
 def _referenced(name: str, memo: kopf.Memo, **_: Any) -> bool:
@@ -149,9 +151,9 @@ def _referenced(name: str, memo: kopf.Memo, **_: Any) -> bool:
 
 
 @kopf.on.event("", "v1", "secrets", labels=contract.API_KEYS_LABELS, when=_referenced)
-def key_secret_changed(type: str, memo: kopf.Memo, **_: Any) -> None:
+def key_secret_changed(type: str, memo: kopf.Memo, **kwargs: Any) -> None:
     if type is not None:  # not the initial listing
-        _reconcile(memo)
+        _reconcile(memo, kwargs)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWN)
@@ -160,24 +162,28 @@ def key_secret_changed(type: str, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("", "v1", "configmaps", labels=OWN)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWN)
 def child_changed(
-    type: str, body: kopf.Body, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+    type: str, body: kopf.Body, labels: Mapping[str, str], memo: kopf.Memo, **kwargs: Any
 ) -> None:
     pool = labels.get(contract.POOL_LABEL)
     if pool is None or "operator" not in memo:
         return
     if type == "DELETED" or (type is not None and body.get("kind") in EDITABLE):
-        _reconcile(memo)  # recreated, or someone's edit reverted
+        _reconcile(memo, kwargs)  # recreated, or someone's edit reverted
     elif type is not None and body.get("kind") in ("Deployment", "StatefulSet"):
+        _capture(memo, kwargs)
         _log(memo.operator.refresh_pool_status(pool))
 
 
 @kopf.on.event("", "v1", "pods", labels=OWN)
-def engine_pod_changed(type: str, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+def engine_pod_changed(
+    type: str, labels: Mapping[str, str], memo: kopf.Memo, **kwargs: Any
+) -> None:
     """An engine pod came, went or changed: its pool's status — readiness, the fetch
     step's progress or failure (ModelReady), and a chain's stages (whatever runs the chain,
     LeaderWorkerSets included, whose events the operator does not watch)."""
     pool = labels.get(contract.POOL_LABEL)
     if pool is not None and type is not None and "operator" in memo:
+        _capture(memo, kwargs)
         _log(memo.operator.refresh_pool_status(pool))
 
 
@@ -187,7 +193,7 @@ def tenant_timer(memo: kopf.Memo, **_: Any) -> None:
     _log(memo.operator.poll_served(max_age=SERVED_INTERVAL / 2))
 
 
-def node_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def node_changed(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A Node came, went, or changed what placement reads of it (labels, allocatable GPUs
     and memory, schedulability): a full reconcile, when a pool discovers its nodes. The
     kubelet's heartbeats (status conditions) change nothing here."""
@@ -201,7 +207,7 @@ def node_changed(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     else:
         seen[name] = shape
     if type is not None and changed and operator is not None and operator.reconciler.uses_nodes:
-        _reconcile(memo)
+        _reconcile(memo, kwargs)
 
 
 def node_shape(body: Mapping[str, Any]) -> str:
@@ -220,7 +226,8 @@ def watch_nodes() -> None:
     kopf.on.event("", "v1", "nodes")(node_changed)
 
 
-def _reconcile(memo: kopf.Memo) -> None:
+def _reconcile(memo: kopf.Memo, indexes: Mapping[str, Any] | None = None) -> None:
+    _capture(memo, indexes or {})
     try:
         _log(memo.operator.reconcile())
     except ApiError as error:
@@ -229,6 +236,51 @@ def _reconcile(memo: kopf.Memo) -> None:
     if delay is not None:  # objects the API server refused: their pools say why
         count = len(memo.operator.reconciler.refusals)
         raise kopf.TemporaryError(f"{count} object(s) refused, retrying", delay=max(delay, 1.0))
+
+
+# --- reads from the watches (`cache`) ------------------------------------------------------------
+
+#: The resources whose objects the reconciler reads from kopf's indexes: by kind, the
+#: resource and the labels its watch selects by (the operator's own objects only).
+CACHED: dict[str, tuple[tuple[str, str, str], Mapping[str, str] | None]] = {
+    "InferencePool": (POOLS, None),
+    "TenantQuota": (TENANTS, None),
+    "Deployment": (("apps", "v1", "deployments"), OWN),
+    "StatefulSet": (("apps", "v1", "statefulsets"), OWN),
+    "Service": (("", "v1", "services"), OWN),
+    "ConfigMap": (("", "v1", "configmaps"), OWN),
+    "PodDisruptionBudget": (("policy", "v1", "poddisruptionbudgets"), OWN),
+    "Pod": (("", "v1", "pods"), OWN),
+}
+
+
+def _index_of(kind: str) -> Any:
+    """kopf's index of one kind: every object, under the key `kind` (`cache.Indexes`)."""
+
+    def index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+        return {kind: copy.deepcopy(dict(body))}
+
+    index.__name__ = index.__qualname__ = f"cached_{CACHED[kind][0][2]}"
+    return index
+
+
+for _kind, (_resource, _labels) in CACHED.items():
+    kopf.index(*_resource, labels=_labels)(_index_of(_kind))
+
+
+def _capture(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> None:
+    """From the first handler that kopf hands its indexes to: the reconciler reads the
+    cached kinds from them from then on (kopf fills them before it runs any handler)."""
+    operator = memo.get("operator")
+    if operator is None or getattr(operator.reconciler.api, "base", None) is not None:
+        return
+    indexes = {
+        kind: kwargs[f"cached_{resource[2]}"]
+        for kind, (resource, _) in CACHED.items()
+        if f"cached_{resource[2]}" in kwargs
+    }
+    if len(indexes) == len(CACHED):
+        operator.reconciler.api = CachedApi(operator.reconciler.api, indexes)
 
 
 def _log(writes: list[Write] | None) -> None:

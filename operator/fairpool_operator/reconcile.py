@@ -46,6 +46,7 @@ from fairpool_operator.api import (
     Kind,
     kind_of,
 )
+from fairpool_operator.cache import fresh_get
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.model_status import credentials_problem
 from fairpool_operator.plan import (
@@ -416,7 +417,8 @@ class Reconciler:
             except ApiError as error:
                 if error.status != 409:
                     raise
-                current = self.api.get(kind, name)  # created meanwhile: compare as usual
+                current = fresh_get(self.api, kind, name)  # created meanwhile (or not seen
+                # yet by the watch the cache follows): compare as usual
             else:
                 writes.append(Write("create", kind.kind, name))
                 log.info("created %s %s", kind.kind, name)

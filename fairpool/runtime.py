@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Iterable
+from typing import Any
 
 #: Young-generation collections between full ones (CPython's default is 10).
 FULL_COLLECTION_INTERVAL = 100
@@ -37,3 +39,21 @@ async def wait_at_most(event: asyncio.Event, seconds: float) -> None:
         await asyncio.wait({waiter}, timeout=seconds)
     finally:
         waiter.cancel()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], seconds: float = 5.0) -> None:
+    """Cancels `tasks` and waits until they end, at most `seconds`. On Python 3.11 a
+    cancellation that meets a timeout inside a library (redis-py's reads) can be lost, the
+    task going on as if its read had timed out: one still running is cancelled again every
+    0.1 s, and after `seconds` abandoned rather than awaited for ever (a replica's shutdown
+    hung on one so)."""
+    pending = {task for task in tasks if not task.done()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while pending:
+        for task in pending:
+            task.cancel()
+        left = deadline - loop.time()
+        if left <= 0:
+            return
+        _, pending = await asyncio.wait(pending, timeout=min(0.1, left))

@@ -14,6 +14,7 @@ import httpx
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.files import FileWatch
 from fairpool.front import FrontListener, Limiter, TenantLimiter
+from fairpool.runtime import cancel_and_wait
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.drain import Drain
 from fairpool_gateway.fleet_shares import FleetShares, ServiceRecorder
@@ -100,7 +101,7 @@ class Gateway:
 
     async def stop(self) -> None:
         if self._reloader is not None:
-            self._reloader.cancel()
+            await cancel_and_wait([self._reloader])
         for pool in self.pools.values():
             await pool.stop()
         if self._session is not None:

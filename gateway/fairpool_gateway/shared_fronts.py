@@ -48,7 +48,7 @@ from redis.exceptions import RedisError
 
 from fairpool.front import FrontListener, PoolFront, Settlement
 from fairpool.front.peers import HeardPeers, ReplicaState
-from fairpool.runtime import wait_at_most
+from fairpool.runtime import cancel_and_wait, wait_at_most
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.shared_limits import SharedLimiter
 
@@ -119,11 +119,7 @@ class SharedFronts(FrontListener):
         self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._listen())]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         if self.shared.up:  # the others stop counting this replica's holdings now
             with contextlib.suppress(TimeoutError, RedisError, OSError):
                 pipeline = self.shared.client.pipeline(transaction=False)

@@ -36,7 +36,6 @@ Redis and settled during the outage keep their lease until it expires.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -60,7 +59,7 @@ from fairpool.front.limits import (
     requests_rejection,
     tokens_rejection,
 )
-from fairpool.runtime import wait_at_most
+from fairpool.runtime import cancel_and_wait, wait_at_most
 
 log = logging.getLogger("fairpool.gateway")
 
@@ -130,9 +129,7 @@ class SharedLimiter:
 
     async def close(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await cancel_and_wait([self._renewer])
         await self.sent()
         await self._client.aclose()
 

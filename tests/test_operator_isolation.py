@@ -152,3 +152,21 @@ def test_whatever_is_refused_the_rest_is_in_effect_and_each_refusal_on_its_pool(
         mine = [key for key in refused if key[1].startswith(f"{name}-")]
         condition = degraded(api, name)
         assert (condition["reason"] == "ApplyFailed") == bool(mine), (name, condition)
+
+
+def test_a_pool_whose_status_cannot_be_written_delays_nobody_and_is_retried():
+    api, reconciler, _ = namespace()
+    written = api.patch_status
+
+    def refuse_alpha(kind: Any, name: str, status: Any) -> Any:
+        if name == "alpha":
+            raise ApiError(500, "etcd leader changed")
+        return written(kind, name, status)
+
+    api.patch_status = refuse_alpha  # type: ignore[method-assign]
+    with pytest.raises(ApiError, match="etcd"):  # kopf retries the handler after a delay
+        reconciler.reconcile()
+    assert ("Deployment", "beta-engine") in api.objects
+    assert "conditions" in api.objects["InferencePool", "beta"].get("status", {})
+    assert gateway_pools(api) == ["alpha", "beta"]
+    assert api.objects["TenantQuota", "acme"]["status"]["conditions"][0]["status"] == "True"

@@ -163,17 +163,21 @@ class Reconciler:
         planned = {(obj["kind"], obj["metadata"]["name"]) for obj in plan.objects}
         for key in [key for key in self.refusals if key not in planned]:
             del self.refusals[key]  # no longer wanted: nothing to retry
+        failed: list[ApiError] = []
         for pool in plan.pools:
             pool.problem = pool.problem or self._credentials_problem(pool)
             try:
                 self._reconcile_pool(pool, writes)
             except ApiError as error:  # reading its state, or writing its status
                 log.warning("InferencePool %s: %s", pool.name, error)
+                failed.append(error)
         self._prune(plan, writes)
         self._apply_to(plan.gateway_secret, current_gateway, writes, adopt=True)
         for tenant in plan.tenants:
             self._tell_tenant_table(tenant)
             self._write_status(TENANT, tenant.name, tenant.body, tenant_status(tenant), writes)
+        if failed:  # the rest is done; the caller retries for these (kopf: after a delay)
+            raise failed[0]
         return writes
 
     def refresh_pool_status(self, name: str) -> list[Write]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -63,8 +64,8 @@ def link(directory: Path, target: Path) -> Path:
     """Points `directory` at `target` (relative, so the cache can be mounted anywhere),
     replacing an older link at once: an engine never sees a half-made one."""
     relative = os.path.relpath(target, directory.parent)
-    staging = directory.with_name(f".{directory.name}.{os.getpid()}")
-    staging.unlink(missing_ok=True)
+    # unique across pods sharing the cache (their processes may have the same PID)
+    staging = directory.with_name(f".{directory.name}.{uuid.uuid4().hex}")
     staging.symlink_to(relative, target_is_directory=True)
     os.replace(staging, directory)
     return directory

@@ -39,9 +39,9 @@ def test_the_hook_waits_for_the_request_in_the_engine_then_returns():
                 wait_until(lambda: policy.waiting_count == 1)
                 assert requests_in_engine(server.url) == 1
                 thread, result, said = draining(server.url, timeout=600.0)
-                thread.join(1.0)
-                assert thread.is_alive() and result == []  # the request still waits
+                wait_until(lambda: said)  # it looked, and the request still waits
                 assert said == ["draining: 1 request(s) running or waiting"]
+                assert thread.is_alive() and result == []
                 holding.close()  # the engine goes on and serves the request to its end
                 streamed = [line for line in response.iter_lines() if line.startswith("data:")]
         assert streamed[-1] == "data: [DONE]"
@@ -60,6 +60,18 @@ def test_the_hook_gives_up_at_its_timeout():
             thread, result, said = draining(server.url, timeout=1.0)
             thread.join(120.0)
             assert result == [False] and "still in the engine" in said[-1]
+
+
+def test_an_engine_that_is_there_but_slow_is_waited_for_and_one_gone_is_not():
+    import socket
+
+    with socket.socket() as listening:  # accepts, never answers: a busy engine
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        said: list[str] = []
+        assert drain(url, 0.0, 0.0, say=said.append) is False  # at its timeout, not before
+        assert "some request(s) still in the engine" in said[-1]
 
 
 def test_an_engine_that_does_not_answer_has_nothing_to_drain():

@@ -21,13 +21,23 @@ from prometheus_client.parser import text_string_to_metric_families
 BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
+#: What `requests_in_engine` says of an engine that is there but did not answer in time
+#: (busy): keep waiting.
+UNKNOWN = -1
+
+
 def requests_in_engine(url: str) -> int | None:
-    """Requests running or waiting in the engine at `url`; None if it does not answer."""
+    """Requests running or waiting in the engine at `url`; None when nothing listens there
+    (the engine is gone), `UNKNOWN` when it did not answer in time."""
     try:  # the standard library's client: the engine images need nothing more for the hook
-        with urllib.request.urlopen(f"{url}/metrics", timeout=2.0) as response:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5.0) as response:
             text = response.read().decode("utf-8", "replace")
-    except (OSError, urllib.error.URLError):
+    except urllib.error.URLError as error:
+        return None if isinstance(error.reason, ConnectionRefusedError) else UNKNOWN
+    except ConnectionRefusedError:
         return None
+    except OSError:  # a timeout, a reset: an engine that is there and slow
+        return UNKNOWN
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -54,10 +64,11 @@ def drain(
         if busy is None or busy == 0:
             say("drained" if busy == 0 else "the engine does not answer: nothing to drain")
             return True
+        shown = "some" if busy == UNKNOWN else str(busy)
         if clock() >= deadline:
-            say(f"{busy} request(s) still in the engine after {timeout:g} s: stopping anyway")
+            say(f"{shown} request(s) still in the engine after {timeout:g} s: stopping anyway")
             return False
         if clock() - told >= 10.0:
-            say(f"draining: {busy} request(s) running or waiting")
+            say(f"draining: {shown} request(s) running or waiting")
             told = clock()
         sleep(min(1.0, max(0.0, deadline - clock())))

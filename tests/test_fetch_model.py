@@ -185,6 +185,14 @@ def test_the_rendered_fetch_step_fills_the_directory_the_engine_is_told_to_load(
     assert {path.name for path in on_disk.iterdir()} == set(files)
 
 
+def test_a_cache_that_cannot_be_written_is_a_named_failure_not_a_traceback(tmp_path):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    with pytest.raises(FetchError) as raised:
+        fetch(parse_model_uri("s3://models/m"), blocked / "cache")
+    assert raised.value.reason == "FetchFailed" and "s3://models/m" in raised.value.message
+
+
 @given(st.text(max_size=200))
 def test_any_termination_message_gives_a_known_reason(text):
     reason, message = parse_termination_message(text)

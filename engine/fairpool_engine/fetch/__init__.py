@@ -12,6 +12,7 @@ writes it as its termination message, where the operator reads it into the pool'
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,8 +49,8 @@ def fetch(uri: ModelUri, cache: Path, credentials: Mapping[str, str] | None = No
     Google application default credentials)."""
     if not uri.fetched:
         raise ValueError(f"{uri} is not fetched: it is loaded where it is")
-    cache.mkdir(parents=True, exist_ok=True)
     try:
+        cache.mkdir(parents=True, exist_ok=True)
         if uri.scheme == "hf":
             from fairpool_engine.fetch.hub import fetch_from_hub
 
@@ -57,12 +58,12 @@ def fetch(uri: ModelUri, cache: Path, credentials: Mapping[str, str] | None = No
         from fairpool_engine.fetch.buckets import fetch_from_bucket
 
         return fetch_from_bucket(uri, cache, credentials)
-    except OSError as error:
-        if error.errno == 28:  # ENOSPC
+    except OSError as error:  # the cache's disk, or a connection the library let through
+        if error.errno == errno.ENOSPC:
             raise FetchError(
                 "CacheFull", f"the cache is full fetching {uri}: raise model.cache.size"
             ) from error
-        raise
+        raise FetchError("FetchFailed", f"{uri}: {error}") from error
 
 
 def read_credentials(directory: Path) -> dict[str, str]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
+import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,3 +60,34 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], seconds: float = 5
         if left <= 0:
             return
         _, pending = await asyncio.wait(pending, timeout=min(0.1, left))
+
+
+class ServerInThread:
+    """A uvicorn server on sockets already bound, run in a thread of its own: serving once
+    `start` returns, stopped (`should_exit`), joined and its sockets closed by `stop`. What
+    engine-sim's, the gateway's and the tests' servers on loopback share."""
+
+    def __init__(self, server: Any, sockets: list[socket.socket], name: str) -> None:
+        self.server = server  # a uvicorn.Server (uvicorn is not a core dependency)
+        self.sockets = sockets
+        self._thread = threading.Thread(target=self._run, name=name)
+
+    def _run(self) -> None:
+        self.server.run(sockets=self.sockets)
+
+    def start(self) -> None:
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"{self._thread.name} did not start")
+            time.sleep(0.01)
+
+    def begin_stop(self) -> None:
+        """What SIGTERM does: the server's shutdown begins (`stop` waits for its end)."""
+        self.server.should_exit = True
+
+    def stop(self) -> None:
+        self.begin_stop()
+        self._thread.join()
+        for sock in self.sockets:
+            sock.close()

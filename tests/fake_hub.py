@@ -10,9 +10,6 @@ client: the client under test is the real `huggingface_hub`.
 from __future__ import annotations
 
 import hashlib
-import socket
-import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -21,6 +18,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from fairpool.runtime import ServerInThread
+from fairpool_gateway.server import bind
 
 
 @dataclass
@@ -77,26 +77,34 @@ class Hub:
             return self.resolve(request, "/".join(parts[:2]), parts[3], "/".join(parts[4:]))
         return error(404, "", "Not found")
 
-    def info(self, request: Request, repo_id: str, revision: str) -> Response:
-        refused = self.refusal(request, repo_id, for_files=False)
+    def lookup(
+        self, request: Request, repo_id: str, revision: str, for_files: bool
+    ) -> tuple[Repository, str] | Response:
+        """The repository and the commit a revision names, or the Hub's refusal."""
+        refused = self.refusal(request, repo_id, for_files)
         if refused is not None:
             return refused
         repo = self.repositories[repo_id]
         sha = self.commit(repo, revision)
         if sha is None:
             return error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        return repo, sha
+
+    def info(self, request: Request, repo_id: str, revision: str) -> Response:
+        found = self.lookup(request, repo_id, revision, for_files=False)
+        if isinstance(found, Response):
+            return found
+        repo, sha = found
         siblings = [{"rfilename": path} for path in sorted(repo.files)]
         body = {"id": repo_id, "modelId": repo_id, "sha": sha, "siblings": siblings}
         body |= {"private": repo.private, "gated": "manual" if repo.gated else False}
         return JSONResponse(body)
 
     def tree(self, request: Request, repo_id: str, revision: str) -> Response:
-        refused = self.refusal(request, repo_id, for_files=False)
-        if refused is not None:
-            return refused
-        repo = self.repositories[repo_id]
-        if self.commit(repo, revision) is None:
-            return error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        found = self.lookup(request, repo_id, revision, for_files=False)
+        if isinstance(found, Response):
+            return found
+        repo, _ = found
         entries = [
             {"type": "file", "oid": blob_id(content), "size": len(content), "path": path}
             for path, content in sorted(repo.files.items())
@@ -104,13 +112,10 @@ class Hub:
         return JSONResponse(entries)
 
     def resolve(self, request: Request, repo_id: str, revision: str, path: str) -> Response:
-        refused = self.refusal(request, repo_id, for_files=True)
-        if refused is not None:
-            return refused
-        repo = self.repositories[repo_id]
-        sha = self.commit(repo, revision)
-        if sha is None:
-            return error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        found = self.lookup(request, repo_id, revision, for_files=True)
+        if isinstance(found, Response):
+            return found
+        repo, sha = found
         if path not in repo.files:
             return error(404, "EntryNotFound", "Entry not found")
         content = repo.files[path]
@@ -137,22 +142,14 @@ class HubServer:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        listening = bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{listening.getsockname()[1]}"
         config = uvicorn.Config(hub.app(), log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]})
+        self._running = ServerInThread(uvicorn.Server(config), [listening], "hub")
 
     def __enter__(self) -> HubServer:
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("the hub did not start")
-            time.sleep(0.01)
+        self._running.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._server.should_exit = True
-        self._thread.join()
-        self._socket.close()
+        self._running.stop()

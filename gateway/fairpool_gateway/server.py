@@ -8,8 +8,6 @@ import json
 import logging
 import socket
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
-from fairpool.runtime import tune_collector_for_serving
+from fairpool.runtime import ServerInThread, tune_collector_for_serving
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.app import admin_app, tenant_app
 from fairpool_gateway.connections import HeaderDeadlineProtocol
@@ -259,27 +257,18 @@ class GatewayThread:
         self._admin_socket = bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self._tenant_socket.getsockname()[1]}"
         self.admin_url = f"http://127.0.0.1:{self._admin_socket.getsockname()[1]}"
-        self._server = make_server(self.gateway, self._tenant_socket, self._admin_socket)
-        self._thread = threading.Thread(target=self._run, name="fairpool-gateway")
-
-    def _run(self) -> None:
-        self._server.run(sockets=[self._tenant_socket, self._admin_socket])
+        server = make_server(self.gateway, self._tenant_socket, self._admin_socket)
+        sockets = [self._tenant_socket, self._admin_socket]
+        self._running = ServerInThread(server, sockets, "fairpool-gateway")
 
     def __enter__(self) -> GatewayThread:
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.01)
+        self._running.start()
         return self
 
     def begin_shutdown(self) -> None:
         """What SIGTERM does to `fairpool gateway`: the drain starts, the thread ends when it
         is over (join it with `__exit__`)."""
-        self._server.should_exit = True
+        self._running.begin_stop()
 
     def __exit__(self, *exc_info: object) -> None:
-        self.begin_shutdown()
-        self._thread.join()
-        self._tenant_socket.close()
-        self._admin_socket.close()
+        self._running.stop()

@@ -30,7 +30,6 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -48,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 
 from fairpool.api.scheduler_config import CONFIG_ENV, TENANT_XARG, tenant_of
 from fairpool.front import Usage
-from fairpool.runtime import tune_collector_for_serving
+from fairpool.runtime import ServerInThread, tune_collector_for_serving
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.profiles import get_profile
 from fairpool_engine import pooling_tenant
@@ -649,21 +648,13 @@ class ServerThread:
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = _uvicorn_config(self.sim, "127.0.0.1", self.port, False, "warning")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name=f"engine-sim:{self.port}")
-
-    def _run(self) -> None:
-        self._server.run(sockets=[self._socket])
+        self._running = ServerInThread(
+            uvicorn.Server(config), [self._socket], f"engine-sim:{self.port}"
+        )
 
     def __enter__(self) -> ServerThread:
-        self._thread.start()
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError("engine-sim server did not start")
-            time.sleep(0.01)
+        self._running.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._server.should_exit = True
-        self._thread.join()
-        self._socket.close()
+        self._running.stop()

@@ -99,6 +99,7 @@ from routers import (
     RunningProxy,
     Tenant,
     free_port,
+    free_ports_from,
     gateway_config,
     probe,
     spawn,
@@ -141,7 +142,7 @@ def gateways(
     try:
         for _ in range(count):
             port = free_port()
-            config = gateway_config(port, free_port(), workers, tenants, None)
+            config = gateway_config(port, free_ports_from(processes), workers, tenants, None)
             config["pools"][0]["routing"]["saturation"]["maxOutstanding"] = max_outstanding
             config["pools"][0]["fairEngines"] = fair_engines
             if store is not None and shared:

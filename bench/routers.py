@@ -65,6 +65,25 @@ def free_port() -> int:
         return port
 
 
+def free_ports_from(count: int) -> int:
+    """A port P such that nothing listens on P .. P+count-1 right now (`fairpool gateway
+    --workers N` binds its N admin ports from its admin port up)."""
+    while True:
+        first = free_port()
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                probe = socket.socket()
+                sockets.append(probe)
+                probe.bind((HOST, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for probe in sockets:
+                probe.close()
+
+
 def pinned(command: list[str], cores: str | None) -> list[str]:
     """`command` under `taskset -c CORES` (as given, when there is no taskset or no cores)."""
     if cores is None or shutil.which("taskset") is None:

@@ -3,6 +3,7 @@ started on loopback, stopped at the end. Nothing is downloaded."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -45,6 +46,18 @@ def vllm_environment(scratch: Path, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+def run_child(script: str, scratch: Path, *args: str) -> dict[str, object]:
+    """Run a driver script of this directory that works a real in-process engine in its
+    own process (vLLM's engine is set up once per process) and prints JSON last."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name(script)), *args],
+        capture_output=True, text=True, timeout=600, env=vllm_environment(scratch),
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def free_port() -> int:

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import vllm_environment
+from .conftest import run_child
 
 pytestmark = pytest.mark.vllm
-
-RUN = Path(__file__).with_name("hit_tracking_run.py")
 
 
 def test_followed_hits_equal_fresh_lookups_through_eviction_growth_and_reset(
     scratch: Path, tiny_model: Path
 ):
-    done = subprocess.run(
-        [sys.executable, str(RUN), str(tiny_model)],
-        capture_output=True, text=True, timeout=600, env=vllm_environment(scratch),
-        cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    counts: dict[str, int] = run_child("hit_tracking_run.py", scratch, str(tiny_model))  # type: ignore[assignment]
     # The run exercised what can change a hit: blocks stored, blocks evicted, a reset.
     assert counts["stored"] > 100 and counts["dropped"] > 100, counts
     assert counts["reset"] == 1, counts

@@ -120,6 +120,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--workers", type=_positive_int, help="engines (default 1)")
     sim.add_argument("--policy", help="local policy (default dlpm)")
+    sim.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of the local policy, e.g. cycle_requests=256 for rad or "
+        "token_budget=512 for sarathi (repeatable; docs/scheduling.md lists them)",
+    )
     sim.add_argument("--router", help="router (default d2lpm)")
     sim.add_argument("--profile", default="llama2-7b-a10g", help="engine profile")
     sim.add_argument("--memory-tokens", type=_positive_int, help="KV memory per engine")
@@ -450,6 +458,7 @@ def _sim(args: argparse.Namespace) -> int:
         rpm_limit=args.rpm_limit,
         pool=args.pool,
         workload_params=_key_values("--workload-param", args.workload_param),
+        policy_params=_key_values("--policy-param", args.policy_param),
         clients=tuple(_closed_loop(text) for text in args.client or ()),
         gateway_replicas=args.gateway_replicas,
         replica_traffic=args.replica_traffic,

@@ -7,6 +7,10 @@ configuration.
 A change of tenant weights keeps the policy's state; any other change builds the new
 policy and hands it the waiting and running requests (`LocalPolicy.take_over`). A policy
 given on the command line (`policy_override`) replaces the file's in every version.
+
+An engine that lets a policy order its waiting queue and nothing else (`queue_only`:
+vLLM) refuses a policy that decides the shape of each batch (RAD: a batch of decodes or
+one prefill chunk, never both), at start and in every later version of the file.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from fairpool.api.scheduler_config import (
 from fairpool.files import FileWatch
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policy import LocalPolicy
+from fairpool.sched.registry import mixes_phases
 
 log = logging.getLogger("fairpool.engine")
 
@@ -43,8 +48,10 @@ class LiveScheduler:
         check_interval: float = CHECK_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         policy_override: str | None = None,
+        queue_only: bool = False,
     ) -> None:
         self.path = Path(path) if path else None
+        self.queue_only = queue_only
         self.check_interval = check_interval
         self.policy_override = policy_override
         self._clock = clock
@@ -58,10 +65,11 @@ class LiveScheduler:
         self._checked_at = clock()
 
     @classmethod
-    def from_environment(cls) -> LiveScheduler:
+    def from_environment(cls, queue_only: bool = False) -> LiveScheduler:
         return cls(
             os.environ.get(CONFIG_ENV) or None,
             policy_override=os.environ.get(POLICY_ENV) or None,
+            queue_only=queue_only,
         )
 
     def maybe_reload(self) -> bool:
@@ -102,8 +110,17 @@ class LiveScheduler:
 
     def _load(self) -> SchedulerConfig:
         config = load_scheduler_config(self.path) if self.path else SchedulerConfig()
-        if self.policy_override is None:
-            return config
-        document = config.model_dump(by_alias=True)
-        document["policy"] = self.policy_override
-        return parse_scheduler_config(document, "--policy")
+        if self.policy_override is not None:
+            document = config.model_dump(by_alias=True)
+            document["policy"] = self.policy_override
+            config = parse_scheduler_config(document, "--policy")
+        if self.queue_only and not mixes_phases(config.policy_name):
+            raise ConfigError(
+                "policy",
+                f"{config.policy!r} decides the shape of every batch (decodes or one prefill "
+                "chunk, never both), and vLLM's scheduler lets a plugin order only its "
+                "waiting queue: it always runs the running requests' decodes alongside "
+                "prefills. Run it on the simulated engine (engine kind sim) or in "
+                "fairpool sim",
+            )
+        return config

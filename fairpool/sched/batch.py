@@ -4,7 +4,9 @@ The same function forms every step of the simulator and of the simulated engine,
 policy behaves the same in both. The shape is vLLM's and Sarathi-Serve's (running work
 first, then new admissions under a token budget, chunked prefill), with SLAI's two hooks:
 decodes the policy defers run after prefills, only if the budget leaves room
-(Bari et al. §6, steps 1-4).
+(Bari et al. §6, steps 1-4). A policy whose batches never mix phases (RAD, Bari et al.
+§4.2, Algorithm 1: `mixes_phases = False`) has its deferred decodes run only in a step
+with no prefill.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class BatchPlan:
     @property
     def tokens(self) -> int:
         return len(self.decodes) + sum(chunk for _, chunk in self.prefills)
+
+
+def mixes_phases(policy: LocalPolicy | type[LocalPolicy]) -> bool:
+    """Whether a step of `policy` may hold prefill chunks and decodes together: every
+    policy's may unless it sets `mixes_phases = False`."""
+    return bool(getattr(policy, "mixes_phases", True))
 
 
 def form_batch(
@@ -65,5 +73,6 @@ def form_batch(
         plan.admitted.append(started)
         if started.prefill_remaining:
             plan.prefills.append((started, min(started.prefill_remaining, budget - plan.tokens)))
-    add_decodes(deferred)
+    if not plan.prefills or mixes_phases(policy):
+        add_decodes(deferred)
     return plan

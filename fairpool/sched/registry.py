@@ -11,14 +11,25 @@ import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from fairpool.sched.batch import mixes_phases as batch_mixes_phases
 from fairpool.sched.cost import CostModel, TenantWeights
 from fairpool.sched.errors import ConfigError
-from fairpool.sched.policies import DLPM, FCFS, LPM, MCSF, SLAI, VTC, AlphaProtection, Sarathi
+from fairpool.sched.policies import (
+    DLPM,
+    FCFS,
+    LPM,
+    MCSF,
+    RAD,
+    SLAI,
+    VTC,
+    AlphaProtection,
+    Sarathi,
+)
 from fairpool.sched.policy import LocalPolicy
 from fairpool.sched.routers import D2LPM, JFFC, CacheAware, LeastLoad, RoundRobin, Router
 
 POLICIES: dict[str, type[LocalPolicy]] = {
-    cls.name: cls for cls in (FCFS, LPM, VTC, DLPM, MCSF, SLAI, Sarathi, AlphaProtection)
+    cls.name: cls for cls in (FCFS, LPM, VTC, DLPM, MCSF, SLAI, Sarathi, AlphaProtection, RAD)
 }
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls for cls in (RoundRobin, LeastLoad, CacheAware, D2LPM, JFFC)
@@ -77,6 +88,14 @@ def weighs_tenants(name: str) -> bool:
     base, _ = _split_modifier(name)
     policy: type[LocalPolicy] = _lookup("policy", base, POLICIES)
     return policy.weighs_tenants
+
+
+def mixes_phases(name: str) -> bool:
+    """Whether policy `name` (a `+memsafe` variant too) lets a batch hold prefill chunks
+    and decodes together, as vLLM's batches always do; False for RAD, whose batches are
+    one or the other (`fairpool.sched.batch.mixes_phases`)."""
+    base, _ = _split_modifier(name)
+    return batch_mixes_phases(_lookup("policy", base, POLICIES))
 
 
 def policy_names() -> list[str]:

@@ -19,6 +19,7 @@ from fairpool.api.tenant_quota import tenant_weights
 from fairpool.front import tokens_for_chars
 from fairpool.sched.cost import TenantWeights
 from fairpool.sched.errors import ConfigError
+from fairpool.sched.registry import make_policy
 from fairpool.sim.fleet import ClosedLoop, Fleet, FleetConfig
 from fairpool.sim.profiles import get_profile
 from fairpool.sim.trace import TraceRequest, read_trace, write_trace
@@ -45,6 +46,7 @@ class SimulationOptions:
     rpm_limit: int | None = None
     pool: str | None = None
     workload_params: dict[str, object] = field(default_factory=dict)
+    policy_params: dict[str, object] = field(default_factory=dict)  # `--policy-param`
     clients: tuple[ClosedLoop, ...] = ()  # closed-loop tenants (`--client`)
     gateway_replicas: int | None = None
     replica_traffic: str | None = None
@@ -115,7 +117,25 @@ def fleet_config(options: SimulationOptions) -> FleetConfig:
         "replica_traffic": options.replica_traffic,
     }
     settings.update({name: value for name, value in explicit.items() if value is not None})
-    return FleetConfig.from_profile(profile, options.memory_tokens, options.block_size, **settings)
+    if options.policy_params:
+        settings["policy_params"] = {**settings.get("policy_params", {}), **options.policy_params}
+    config = FleetConfig.from_profile(
+        profile, options.memory_tokens, options.block_size, **settings
+    )
+    _check_policy_params(config, options.policy_params)
+    return config
+
+
+def _check_policy_params(config: FleetConfig, given: dict[str, object]) -> None:
+    """Build the policy once, so that a bad `--policy-param` is an error naming it."""
+    if not given:
+        return
+    try:
+        make_policy(config.policy, **config.policy_params)
+    except ConfigError as error:
+        if error.parameter in given:
+            raise ConfigError(f"--policy-param {error.parameter}", error.problem) from None
+        raise
 
 
 def load_pool(path: str) -> InferencePoolSpec:

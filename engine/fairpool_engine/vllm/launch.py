@@ -59,7 +59,7 @@ def run(model: str, vllm_args: Sequence[str], config: str | None, policy: str | 
         config = config or os.environ.get(CONFIG_ENV)
         # Checked here, where a bad file is an error naming the field, not a crash in
         # vLLM's engine process. vLLM reads the same file and follows its changes.
-        LiveScheduler(config, policy_override=policy)
+        LiveScheduler(config, policy_override=policy, queue_only=True)
         metrics_dir = workdir / "metrics"
         metrics_dir.mkdir()
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))

@@ -19,7 +19,10 @@ list before each step, and holds back an admission that would take a tenant abov
 share without leaving a block per running request free.
 
 The tenant is the request's `vllm_xargs.fairpool_tenant`. The policy and weights come
-from the file named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs.
+from the file named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs. A policy
+that decides the shape of each batch (RAD) is refused there, at start and on reload: vLLM
+schedules its running requests before it peeks at the queue, so a batch always holds the
+running decodes alongside any prefill, which RAD's batches never do.
 
 `FairScheduler` picks vLLM's `AsyncScheduler` or plain `Scheduler` as its base to match
 the engine's async-scheduling setting (on by default on GPUs, forced off on CPUs), so
@@ -244,7 +247,7 @@ class FairSchedulingMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.vllm_version = check_version()
-        self.live = LiveScheduler.from_environment()
+        self.live = LiveScheduler.from_environment(queue_only=True)
         self.policy_requests: dict[str, PolicyRequest] = {}
         self.view = VllmEngineView(self)
         self.metrics = TenantMetrics()

@@ -6,7 +6,8 @@ import pytest
 from helpers import request, view
 
 from fairpool.sched import Running
-from fairpool.sched.memory import admission_is_memory_safe, projected_peak
+from fairpool.sched.errors import ConfigError
+from fairpool.sched.memory import admission_is_memory_safe, projected_peak, semi_online_schedule
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +48,14 @@ def test_a_custom_predictor_replaces_max_tokens():
     candidate = request(prompt=10, max_tokens=1000)
     assert not admission_is_memory_safe(view(memory=100), candidate)
     assert admission_is_memory_safe(view(memory=100), candidate, predictor=lambda r: 50)
+
+
+def test_semi_online_schedule_of_algorithm_1():
+    """§4, Algorithm 1: ascending o, each start while Eq. (1) holds, break at the first
+    that fails. o = [1, 3, 2, 1], s = 1, M = 4: the two o = 1 start at round 0 (peak 2 + 2),
+    o = 2 once they are gone (round 2), o = 3 when o = 2 is at its last round (3 + 1)."""
+    assert semi_online_schedule([1, 3, 2, 1], prompt=1, memory=4) == [0, 4, 2, 0]
+    assert semi_online_schedule([], prompt=1, memory=4) == []
+    with pytest.raises(ConfigError) as error:
+        semi_online_schedule([1, 4], prompt=1, memory=4)  # 1 + 4 > 4 even alone
+    assert error.value.parameter == "outputs[1]"

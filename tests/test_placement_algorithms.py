@@ -8,6 +8,7 @@ optimal for problem (10) under homogeneous memory) and GCA's invariants on any p
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from fractions import Fraction
 
 import pytest
@@ -27,8 +28,10 @@ from fairpool.placement import (
     rebalanced_partition,
     tune_capacity,
 )
-from fairpool.placement.gca import feasible_links
+from fairpool.placement.gca import feasible_links, residual_slots
 from fairpool.sched.errors import ConfigError
+from fairpool.sched.routers import JFFC, ChainProfile
+from fairpool.sched.routers.base import RouteRequest
 
 pytestmark = pytest.mark.unit
 
@@ -394,6 +397,32 @@ def placed_problems(draw: st.DrawFn) -> tuple[ChainProblem, Placement]:
     return problem, Placement(first_layer=first_layer, layers=hosted, chains=())
 
 
+@st.composite
+def covered_problems(draw: st.DrawFn) -> tuple[ChainProblem, Placement]:
+    """Like `placed_problems`, but one to three random splits of layers 1..L into
+    contiguous blocks, one server each, so that complete chains exist and cross between
+    the splits wherever blocks line up (Fig. 2b's shape); plus up to two stray servers."""
+    layers = draw(st.integers(1, 6))
+    slot = draw(st.integers(1, 3))
+    blocks: list[tuple[int, int]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        cuts = sorted(draw(st.sets(st.integers(2, max(layers, 2)), max_size=min(layers - 1, 3))))
+        bounds = [1, *cuts, layers + 1]
+        blocks += [(a, b - a) for a, b in itertools.pairwise(bounds)]
+    for _ in range(draw(st.integers(0, 2))):
+        first = draw(st.integers(1, layers))
+        blocks.append((first, draw(st.integers(1, layers - first + 1))))
+    servers, first_layer, hosted = [], {}, {}
+    for j, (first, size) in enumerate(blocks[:8]):
+        memory = 10 * size + slot * draw(st.integers(0, 12))
+        servers.append(
+            Server(f"s{j}", memory, draw(st.sampled_from([0.0, 0.5, 1.0])), draw(st.integers(1, 4)))
+        )
+        first_layer[j], hosted[j] = first, size
+    problem = ChainProblem(tuple(servers), layers=layers, layer_bytes=10, slot_bytes=slot)
+    return problem, Placement(first_layer=first_layer, layers=hosted, chains=())
+
+
 def chain_is_valid(problem: ChainProblem, placement: Placement, chain: Chain) -> bool:
     """Stage by stage the chain continues right after the previous stage's last layer, each
     computes m_ij = a_j + m_j − a_i − m_i ≥ 1 layers, and the last ends at L."""
@@ -455,6 +484,100 @@ def test_gca_chains_are_valid_fit_memory_and_leave_no_path_with_room(
     # Chains come out fastest first (Dijkstra on shrinking link sets).
     seconds = [chain.service_seconds for chain in chains]
     assert seconds == sorted(seconds) or all(b >= a - 1e-9 for a, b in itertools.pairwise(seconds))
+
+
+# --- Theorem 3.5: JFFS needs only GCA's chains, each up to its capacity ----------------------
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.one_of(covered_problems(), placed_problems()),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10_000)), min_size=1, max_size=80),
+)
+def test_theorem_3_5_jffc_on_gca_chains_is_jffs_over_every_chain(
+    instance: tuple[ChainProblem, Placement], events: list[tuple[int, int]]
+) -> None:
+    """Sun, He, Hou 2026 (seed 003), §3.1.4, Theorem 3.5: under any block placement, if GCA
+    (Alg. 2) returns chains 𝒦 with capacities c_k, then to assign jobs by JFFS it suffices
+    to use only the chains in 𝒦, each with at most c_k concurrent jobs. Assumptions: a job
+    holds m_ij cache slots at every server j of its chain while in service (eq. (3)); jobs
+    never migrate; the central queue is FIFO.
+
+    A random sequence of arrivals (two events in three) and departures runs through JFFC
+    (Alg. 3, the project's router) over GCA's chains and capacities. At every assignment,
+    brute force enumerates every start → end chain of ℰ_{a,m} with room for one more job
+    given the slots the running jobs hold, and checks what JFFS over every chain would
+    do: JFFC queues a job only when no chain at all has room, and otherwise puts it on a
+    chain as fast as the fastest chain with room (ties may go to any of them; JFFS leaves
+    them open). Server memory is never exceeded. So JFFS with ties broken towards 𝒦 is
+    reproduced exactly; JFFS breaking ties towards chains outside 𝒦 is not (its jobs then
+    hold other slots, and a random search finds it running one job more, or one fewer,
+    than JFFC on 𝒦)."""
+    problem, placement = instance
+    chains = gca(problem, placement)
+    slots = residual_slots(problem, placement)
+    paths = all_paths(problem, placement)
+    path_seconds = [
+        sum(
+            problem.servers[j].comm_seconds + problem.servers[j].layer_seconds * processed
+            for j, processed in path
+        )
+        for path in paths
+    ]
+    names = [f"k{index}" for index in range(len(chains))]
+    router = JFFC(
+        names,
+        chains={
+            name: ChainProfile(chain.capacity, chain.service_rate)
+            for name, chain in zip(names, chains, strict=True)
+        },
+    )
+    used = dict.fromkeys(slots, 0)
+    running: list[tuple[str, Chain]] = []
+    queue: deque[str] = deque()
+
+    def fastest_with_room() -> float | None:
+        free = [
+            seconds
+            for path, seconds in zip(paths, path_seconds, strict=True)
+            if all(slots[j] - used[j] >= processed for j, processed in path)
+        ]
+        return min(free, default=None)
+
+    def assign(job: str) -> bool:
+        best = fastest_with_room()
+        if not router.has_room():
+            assert best is None, "a chain outside 𝒦 or beyond c_k has room: JFFS would serve"
+            return False
+        chain = chains[names.index(router.route(RouteRequest(job, "t", "", 1)).worker)]
+        assert best is not None
+        assert chain.service_seconds == pytest.approx(best)
+        for j, processed in zip(chain.servers, chain.processed, strict=True):
+            used[j] += processed
+            assert used[j] <= slots[j]
+        running.append((job, chain))
+        return True
+
+    served = 0
+    for number, (kind, pick) in enumerate(events):
+        if kind:
+            job = f"j{number}"
+            if queue:  # every chain is full while jobs wait (checked when they queued)
+                assert fastest_with_room() is None
+                queue.append(job)
+            elif assign(job):
+                served += 1
+            else:
+                queue.append(job)
+        elif running:
+            job, chain = running.pop(pick % len(running))
+            router.complete(job)
+            for j, processed in zip(chain.servers, chain.processed, strict=True):
+                used[j] -= processed
+            if queue:  # Alg. 3 line 4: the freed chain takes the head of the queue
+                assert assign(queue.popleft())
+                served += 1
+    event(f"{len(chains)} chains; served {min(served, 5)}+; queue at the end: {bool(queue)}")
 
 
 @settings(max_examples=60, deadline=None)

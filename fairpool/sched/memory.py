@@ -30,8 +30,9 @@ Output lengths are not known in advance; a predictor gives them (default: the re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
+from fairpool.sched.errors import ConfigError, require_count
 from fairpool.sched.requests import EngineView, Request, Running
 
 OutputPredictor = Callable[[Request], int]
@@ -74,3 +75,48 @@ def admission_is_memory_safe(
     demands = [(r.held_tokens, remaining_output(r, predictor)) for r in view.running]
     demands.append((candidate.prompt_tokens, predictor(candidate)))
     return projected_peak(demands, view.block_size) <= view.memory_tokens
+
+
+def semi_online_schedule(
+    outputs: Sequence[int], prompt: int, memory: int, block_size: int = 1
+) -> list[int]:
+    """Algorithm 1 of the same paper (§4, "Semi-Online Scheduling and Batching"): every
+    request arrives at round 0 with prompt size `prompt` and known output length
+    `outputs[i]`; returns the round p_i at which each one starts.
+
+    Each round, the running requests go on, and the waiting ones are admitted in ascending
+    output length (ties: lower index), each while the check of Eq. (1) — the same
+    `projected_peak` that memory-safe admission (Algorithm 2, the `mcsf` policy) runs —
+    still holds; the pass stops at the first that fails. Convention E1: a request started
+    at p holds prompt + k at rounds p + k, k = 0..o, and completes at c = p + o, so the
+    total end-to-end latency is Σ (p_i + o_i).
+    """
+    require_count("prompt", prompt)
+    require_count("memory", memory, minimum=1)
+    require_count("block_size", block_size, minimum=1)
+    for index, length in enumerate(outputs):
+        require_count(f"outputs[{index}]", length, minimum=1)
+        if projected_peak([(prompt, length)], block_size) > memory:
+            raise ConfigError(
+                f"outputs[{index}]", f"needs more than memory {memory} even when run alone"
+            )
+    order = sorted(range(len(outputs)), key=lambda index: (outputs[index], index))
+    starts: list[int] = [0] * len(outputs)
+    running: list[int] = []  # indices started and still holding memory
+    waiting = 0  # position in `order` of the next request to admit
+    round_ = 0
+    while waiting < len(order):
+        running = [i for i in running if round_ - starts[i] <= outputs[i]]
+        demands = [
+            (prompt + round_ - starts[i], outputs[i] - (round_ - starts[i])) for i in running
+        ]
+        while waiting < len(order):
+            candidate = order[waiting]
+            if projected_peak([*demands, (prompt, outputs[candidate])], block_size) > memory:
+                break
+            demands.append((prompt, outputs[candidate]))
+            starts[candidate] = round_
+            running.append(candidate)
+            waiting += 1
+        round_ += 1
+    return starts

@@ -8,6 +8,7 @@ import pytest
 from helpers import request
 
 from fairpool.sched import SLO, Request, Running, form_batch, make_policy
+from fairpool.sched.errors import ConfigError
 from fairpool.sched.policies import SLAI
 
 pytestmark = pytest.mark.unit
@@ -137,6 +138,32 @@ def test_slai_prefills_shortest_first_and_respects_the_active_cap():
     plan = form_batch(policy, engine, token_budget=10_000)
     assert [r.request_id for r in plan.admitted] == ["short", "mid"]
     assert SLAI(prefill_order="fcfs").name == "slai"
+
+
+def test_slai_priority_variant_prefills_the_tightest_tier_first_then_shortest():
+    """[RAD] App. F.2: paying users' prefills strictly first, SPF within a tier; without
+    the variant the shortest prompt goes first whatever its tier."""
+
+    def tiered(rid: str, prompt: int, tbt: float | None) -> Request:
+        return Request(rid, "t", prompt, 8, slo=SLO(tbt=tbt) if tbt else None)
+
+    arrivals = [
+        tiered("free-short", 20, 0.5),
+        tiered("paying-long", 300, 0.1),
+        tiered("plain", 5, None),
+        tiered("paying-short", 100, 0.1),
+    ]
+    orders = {}
+    for variant in (False, True):
+        policy = SLAI(tighter_slo_first=variant)
+        for arrival in arrivals:
+            policy.add(arrival)
+        plan = form_batch(policy, Engine(), token_budget=10_000)
+        orders[variant] = [r.request_id for r in plan.admitted]
+    assert orders[False] == ["plain", "free-short", "paying-short", "paying-long"]
+    assert orders[True] == ["paying-short", "paying-long", "free-short", "plain"]
+    with pytest.raises(ConfigError, match="tighter_slo_first"):
+        SLAI(tighter_slo_first="yes")  # type: ignore[arg-type]
 
 
 def test_slai_fills_deferred_decodes_only_with_budget_left_and_under_the_decode_cap():

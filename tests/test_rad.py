@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 from collections.abc import Iterator
 
 import pytest
@@ -17,31 +16,20 @@ from hypothesis import strategies as st
 
 from fairpool.sched import ConfigError, Request, make_policy
 from fairpool.sched.policies import RAD
-from fairpool.sim.engine import SimEngine, StepTime
-from fairpool.sim.stability import (
-    Arrival,
-    budget_request_time,
-    mean_time,
-    min_cycle_requests,
-    pending_at,
-    request_time,
-)
+from fairpool.sim.engine import SimEngine
+from fairpool.sim.stability import StabilityExperiment, budget_request_time, request_time
 from fairpool_cli.main import main
 from fairpool_engine.live import LiveScheduler
 from fairpool_engine.vllm import launch
 
 pytestmark = pytest.mark.unit
 
-STEP = StepTime()  # base 12 ms, 0.12 ms per prefill token, 0.25 ms per decode
-TILES = {"tile_rows": 16, "tile_cols": 4, "tile_red": 16}  # t*_lcm = 16, t*_col = 4
-CHUNK, COLS = 16, 4
-PROMPTS = (16, 32, 48, 64)  # multiples of t*_lcm (Assumption 3)
-OUTPUTS = range(1, 25)
-LENGTHS = [(prompt, output, 1.0) for prompt in PROMPTS for output in OUTPUTS]  # uniform
-T_BAR = mean_time(LENGTHS, lambda p, o: request_time(STEP, p, o, CHUNK, COLS))
-T_MAX = request_time(STEP, max(PROMPTS), max(OUTPUTS), CHUNK, 1)
-RAD_CAPACITY = 1 / T_BAR  # requests/s of one node (r = 1)
-SARATHI_CAPACITY = 1 / mean_time(LENGTHS, lambda p, o: budget_request_time(STEP, p, o, CHUNK))
+EXPERIMENT = StabilityExperiment()  # t*_lcm = 16, t*_col = 4, the default step time
+STEP, CHUNK, COLS = EXPERIMENT.step, EXPERIMENT.chunk, EXPERIMENT.decode_batch
+TILES = {"tile_rows": CHUNK, "tile_cols": COLS, "tile_red": CHUNK}
+LENGTHS = EXPERIMENT.lengths
+T_BAR, T_MAX = EXPERIMENT.t_bar, EXPERIMENT.t_max
+RAD_CAPACITY, SARATHI_CAPACITY = EXPERIMENT.rad_capacity, EXPERIMENT.sarathi_capacity
 
 
 def rad(**params: object) -> RAD:
@@ -174,35 +162,8 @@ def test_sim_command_names_a_bad_policy_parameter(capsys, param, named):
 # ---------------------------------------------------------------- Theorem 2
 
 
-def poisson(rate: float, horizon: float, seed: int) -> list[Arrival]:
-    """PPP(rate) arrivals with i.i.d. lengths from LENGTHS, prompts that share nothing."""
-    rng = random.Random(seed)
-    arrivals: list[Arrival] = []
-    time = rng.expovariate(rate)
-    while time < horizon:
-        prompt, output = rng.choice(PROMPTS), rng.choice(OUTPUTS)
-        index = len(arrivals)
-        request = Request(f"r{index}", "a", prompt, output, arrival=time)
-        tokens = list(range(index * 100, index * 100 + prompt))
-        arrivals.append(Arrival(time, request, tokens, output))
-        time += rng.expovariate(rate)
-    return arrivals
-
-
-def queue(
-    policy: str, load: float, horizon: float, seed: int, samples: int
-) -> tuple[list[int], int]:
-    """Q(t) at `samples` equally spaced times of a run at `load`·RAD's capacity, and the
-    number of arrivals. Memory holds t*_col requests at maximum lengths (Assumption 4)."""
-    params = {**TILES, "cycle_requests": CYCLE} if policy == "rad" else {"token_budget": CHUNK}
-    engine = SimEngine(make_policy(policy, **params), memory_tokens=10_000, step_time=STEP)
-    arrivals = poisson(load * RAD_CAPACITY, horizon, seed)
-    times = [horizon * (k + 1) / samples for k in range(samples)]
-    return pending_at(engine, arrivals, times), len(arrivals)
-
-
-EPSILON = 0.3
-CYCLE = min_cycle_requests(COLS, T_MAX, T_BAR, EPSILON)  # the n Theorem 2 asks for
+EPSILON = EXPERIMENT.epsilon
+CYCLE = EXPERIMENT.cycle  # the n Theorem 2 asks for
 
 
 def grows(pending: list[int], rate: float, capacity: float, horizon: float) -> bool:
@@ -222,15 +183,15 @@ def test_theorem_2_rad_is_stable_below_its_capacity_and_grows_above(seed):
     model (no tiling staircase) its larger batches share the per-step cost more widely,
     so the theorem bounds it only above its own work bound (budget τ = t*_lcm)."""
     horizon, samples = 300.0, 60
-    pending, arrived = queue("rad", 1 - EPSILON, horizon, seed, samples)
+    pending, arrived = EXPERIMENT.queue("rad", 1 - EPSILON, horizon, seed, samples)
     quarter = samples // 4
     assert all(min(pending[k : k + quarter]) <= COLS for k in range(0, samples, quarter))
     assert max(pending) <= 0.05 * arrived
     above = 1.3
-    pending, _ = queue("rad", above, horizon / 2, seed, samples)
+    pending, _ = EXPERIMENT.queue("rad", above, horizon / 2, seed, samples)
     assert grows(pending, above * RAD_CAPACITY, RAD_CAPACITY, horizon / 2)
     beyond = 1.25 * SARATHI_CAPACITY / RAD_CAPACITY
-    pending, _ = queue("sarathi", beyond, horizon / 2, seed, samples)
+    pending, _ = EXPERIMENT.queue("sarathi", beyond, horizon / 2, seed, samples)
     assert grows(pending, beyond * RAD_CAPACITY, SARATHI_CAPACITY, horizon / 2)
 
 

@@ -28,10 +28,13 @@ batch costs per request in it, as in App. C.2.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fairpool.sched.errors import require_count, require_positive
+from fairpool.sched.registry import make_policy
 from fairpool.sched.requests import Request
 from fairpool.sim.engine import SimEngine, StepTime
 
@@ -111,3 +114,89 @@ def pending_at(engine: SimEngine, arrivals: Sequence[Arrival], times: Sequence[f
             engine.step()
         samples.append(submitted - len(engine.completions))
     return samples
+
+
+@dataclass(frozen=True)
+class StabilityExperiment:
+    """Theorem 2 on one node (r = 1), as the tests and `make reproduce` run it: Poisson
+    arrivals with prompts drawn uniformly from `prompts` (multiples of t*_lcm, Assumption
+    3) and outputs from `outputs`, RAD with tiles giving t*_lcm = `chunk` and t*_col =
+    `decode_batch` and n from the theorem for `epsilon`, against Sarathi-Serve with the
+    same per-step token budget. Memory holds t*_col requests at maximum lengths
+    (Assumption 4)."""
+
+    step: StepTime = field(default_factory=StepTime)
+    prompts: tuple[int, ...] = (16, 32, 48, 64)
+    outputs: tuple[int, ...] = tuple(range(1, 25))
+    chunk: int = 16
+    decode_batch: int = 4
+    epsilon: float = 0.3
+    memory_tokens: int = 10_000
+
+    @property
+    def lengths(self) -> list[tuple[int, int, float]]:
+        return [(prompt, output, 1.0) for prompt in self.prompts for output in self.outputs]
+
+    @property
+    def t_bar(self) -> float:
+        """T̄^R: the mean engine time of a request in RAD's batch shape."""
+        return mean_time(
+            self.lengths, lambda p, o: request_time(self.step, p, o, self.chunk, self.decode_batch)
+        )
+
+    @property
+    def t_max(self) -> float:
+        return request_time(self.step, max(self.prompts), max(self.outputs), self.chunk, 1)
+
+    @property
+    def rad_capacity(self) -> float:
+        """r / T̄^R, requests/s."""
+        return 1 / self.t_bar
+
+    @property
+    def sarathi_capacity(self) -> float:
+        """What no scheduler with steps of at most `chunk` tokens can exceed (Theorem 1's
+        argument), requests/s."""
+        return 1 / mean_time(
+            self.lengths, lambda p, o: budget_request_time(self.step, p, o, self.chunk)
+        )
+
+    @property
+    def cycle(self) -> int:
+        """The n Theorem 2 asks for."""
+        return min_cycle_requests(self.decode_batch, self.t_max, self.t_bar, self.epsilon)
+
+    def policy_params(self, policy: str) -> dict[str, Any]:
+        if policy == "rad":
+            tiles = {"tile_rows": self.chunk, "tile_cols": self.decode_batch}
+            return {**tiles, "tile_red": self.chunk, "cycle_requests": self.cycle}
+        return {"token_budget": self.chunk}
+
+    def arrivals(self, rate: float, horizon: float, seed: int) -> list[Arrival]:
+        """A Poisson process of `rate` over [0, horizon) with i.i.d. lengths; prompts that
+        share nothing (no prefix hits to blur the work per request)."""
+        rng = random.Random(seed)
+        arrivals: list[Arrival] = []
+        time = rng.expovariate(rate)
+        while time < horizon:
+            prompt, output = rng.choice(self.prompts), rng.choice(self.outputs)
+            index = len(arrivals)
+            request = Request(f"r{index}", "a", prompt, output, arrival=time)
+            tokens = list(range(index * 100_000, index * 100_000 + prompt))
+            arrivals.append(Arrival(time, request, tokens, output))
+            time += rng.expovariate(rate)
+        return arrivals
+
+    def queue(
+        self, policy: str, load: float, horizon: float, seed: int, samples: int
+    ) -> tuple[list[int], int]:
+        """Q(t) at `samples` equally spaced times of a run at `load` × RAD's capacity, and
+        the number of arrivals."""
+        engine = SimEngine(
+            make_policy(policy, **self.policy_params(policy)),
+            memory_tokens=self.memory_tokens,
+            step_time=self.step,
+        )
+        arrivals = self.arrivals(load * self.rad_capacity, horizon, seed)
+        times = [horizon * (k + 1) / samples for k in range(samples)]
+        return pending_at(engine, arrivals, times), len(arrivals)

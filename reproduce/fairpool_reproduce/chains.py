@@ -649,7 +649,6 @@ def simulation_count(result: dict[str, Any]) -> int:
 
 # --------------------------------------------------------------------------- docs/results.md
 
-SECTION_HEADING = "## 8. "
 LIMITS_HEADING = "## Simulator limits"
 #: Mean waiting above this multiple of the mean service time marks an overloaded run, whose
 #: mean grows with the run's length rather than settling.
@@ -1104,14 +1103,16 @@ def plot_chains(data: dict[str, Any], path: Path) -> Path:
 
 
 def replace_section(text: str, section: Sequence[str]) -> str:
-    """`text` (docs/results.md) with section 8 replaced, or inserted before the simulator
-    limits (or at the end) when it is not there yet."""
+    """`text` (docs/results.md) with the section numbered like `section`'s heading ("## 8.
+    …") replaced, or inserted before the simulator limits (or at the end) when it is not
+    there yet."""
     lines = text.rstrip("\n").split("\n")
     body = list(section)
     while body and not body[-1]:
         body.pop()
     body.append("")
-    start = next((i for i, line in enumerate(lines) if line.startswith(SECTION_HEADING)), None)
+    heading = body[0][: body[0].index(".") + 2]  # "## 8. "
+    start = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
     if start is None:
         at = next((i for i, line in enumerate(lines) if line.startswith(LIMITS_HEADING)), None)
         if at is None:

@@ -41,8 +41,8 @@ from fairpool.sim.profiles import get_profile
 from fairpool.sim.trace import TraceRequest
 from fairpool.sim.workloads import VTC_WEIGHTED_WEIGHTS, generate
 from fairpool_reproduce import chains as reproduce_chains
+from fairpool_reproduce import serving
 from fairpool_reproduce.serving import (
-    KV_SCHEMES,
     memory_safe_vs_alpha,
     plot_memory_safe,
     plot_slai,
@@ -204,13 +204,40 @@ def requested_rate(
     return rates
 
 
+def spread_service_rate(
+    run: Run, tenant: str, times: Sequence[float], window: float = RATE_WINDOW
+) -> list[float]:
+    """[VTC] artifact's service rate (§A.6.2): each finished request's cost w_p·in +
+    w_q·out spread uniformly over [first token, completion], summed over a `window`
+    centred on each time, per second."""
+    cost = run.config.cost
+    spans = [
+        (c.first_token_at, c.finished_at, cost.service(c.request.prompt_tokens, c.output_tokens))
+        for c in run.recorder.completions
+        if c.request.tenant == tenant
+    ]
+    rates = []
+    for at in times:
+        low, high = max(at - window / 2, 0.0), min(at + window / 2, run.recorder.end)
+        served = 0.0
+        for start, end, value in spans:
+            if end <= start:  # one token: all of it at that instant
+                served += value if low <= end < high else 0.0
+            else:
+                overlap = min(end, high) - max(start, low)
+                served += value * max(overlap, 0.0) / (end - start)
+        rates.append(served / (high - low) if high > low else 0.0)
+    return rates
+
+
 def vtc_service_difference(run: Run, ticks: int = 19, warmup: float = 30.0) -> dict[str, float]:
-    """[VTC] Tables 2-6's "service difference": at each tick, Σ_j min(max_k s_k − s_j,
-    |r_j − s_j|), s the service rate and r the requested rate in a 60 s window; a client
-    served all it asks for contributes ~0. Ticks at (T − warmup)/(ticks + 1)·i."""
+    """[VTC] Tables 2-6's "service difference" in the paper's accounting: at each tick,
+    Σ_j min(max_k s_k − s_j, |r_j − s_j|), s the service rate (`spread_service_rate`) and
+    r the requested rate in a 60 s window; a client served all it asks for contributes
+    ~0. Ticks at (T − warmup)/(ticks + 1)·i."""
     step = (run.duration - warmup) / (ticks + 1)
     times = [step * index for index in range(1, ticks + 1)]
-    served = {tenant: service_rate(run, tenant, times) for tenant in run.tenants}
+    served = {tenant: spread_service_rate(run, tenant, times) for tenant in run.tenants}
     asked = {tenant: requested_rate(run, tenant, times) for tenant in run.tenants}
     values = []
     for index in range(len(times)):
@@ -716,6 +743,13 @@ def _scheme_name(row: Mapping[str, Any], short: bool = False) -> str:
     return name
 
 
+def _against(gap: float, bound: float) -> str:
+    """A measured gap beside its bound, with the relation the numbers have."""
+    if gap <= bound:
+        return f"{_num(gap)} ≤ {_num(bound)} ✓"
+    return f"{_num(gap)} > {_num(bound)} ✗ exceeds the bound"
+
+
 def _num(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "—"
@@ -772,17 +806,17 @@ def _section_vtc_overload(data: dict[str, Any]) -> list[str]:
                 [
                     "max backlogged service gap, VTC, against Thm 4.4's 2U",
                     "≤ 2U (Thm 4.4)",
-                    f"{_num(gap['vtc'])} ≤ {_num(bound)}"
-                    + (" ✓" if gap["vtc"] <= bound else " ✗ exceeds the bound"),
+                    _against(gap["vtc"], bound),
                 ],
                 ["max backlogged service gap, FCFS", "no bound", _num(gap["fcfs"])],
                 [
-                    "throughput (input + output tokens/s), VTC",
+                    "throughput (input + output tokens/s), VTC: the profile's calibration "
+                    "target, not a result",
                     "893 (Table 5)",
                     _num(data["throughput"]["vtc"]),
                 ],
                 [
-                    "VTC service difference, max / avg (Table 5's metric)",
+                    "VTC service difference, max / avg (Table 5's metric and accounting)",
                     "192.88 / 103.77 (Table 5)",
                     f"{diff['vtc']['max']:.2f} / {diff['vtc']['avg']:.2f}",
                 ],
@@ -796,19 +830,32 @@ def _section_vtc_overload(data: dict[str, Any]) -> list[str]:
         "",
         "![VTC overload](img/results-vtc-overload.png)",
         "",
-        "The bound is computed as 2U with U = w_e·L_input + w_q·M (the DLPM paper's form, "
-        f"{_num(bound / 2)}); VTC's own U = max(w_p·L_input, w_q·M) gives 2U = "
-        f"{_num(2 * 2 * get_profile(VTC_PROFILE).memory_tokens)}, and the measured gap is far "
-        "below either. The throughput matches because the profile was calibrated on this "
-        "very workload. Our Table-5 service difference is smaller than the paper's: our "
-        "engine is deterministic (fixed 256/256 lengths, evenly spaced arrivals, a fixed "
-        "iteration-time model), so the 60 s service-rate windows see only batch-granularity "
-        "noise, while the paper measured a real GPU and spread each request's cost over its "
-        "first-token-to-completion interval; we count service when it is charged (prefill at "
-        "admission, decode per step).",
+        *_vtc_overload_notes(data),
         "",
     ]
     return lines
+
+
+def _vtc_overload_notes(data: dict[str, Any]) -> list[str]:
+    gap, bound = data["gap"]["vtc"], data["bound"]
+    own_bound = 2 * 2 * get_profile(VTC_PROFILE).memory_tokens  # 2·max(w_p·L, w_q·M)
+    throughput = data["throughput"]["vtc"]
+    ours, paper = data["table_diff"]["vtc"], {"max": 192.88, "avg": 103.77}
+    relation = "smaller" if ours["max"] < paper["max"] else "larger"
+    return [
+        "The bound is computed as 2U with U = w_e·L_input + w_q·M (the DLPM paper's form, "
+        f"{_num(bound / 2)}); VTC's own U = max(w_p·L_input, w_q·M) gives 2U = "
+        f"{_num(own_bound)}; the measured gap is {gap / bound:.0%} of the first and "
+        f"{gap / own_bound:.0%} of the second. The throughput row is not evidence: the "
+        "profile's step times were fitted to this workload's 893 tok/s, and our "
+        f"{_num(throughput)} is {throughput / 893 - 1:+.1%} from it. The service difference "
+        "uses the paper's accounting (each finished request's cost spread over its first "
+        "token to completion, 60 s windows, 19 ticks after a 30 s warm-up); ours is "
+        f"{relation} than the paper's ({ours['max']:.2f} / {ours['avg']:.2f} against 192.88 / "
+        "103.77). Our engine is deterministic (fixed 256/256 lengths, evenly spaced "
+        "arrivals, a fixed iteration-time model), so the windows see only batch-granularity "
+        "noise, where the paper measured a real GPU."
+    ]
 
 
 def _section_vtc_on_off(data: dict[str, Any]) -> list[str]:
@@ -847,22 +894,43 @@ def _section_vtc_on_off(data: dict[str, Any]) -> list[str]:
                 ],
                 ["Fig. 6: service c1 : c2 over the run", "1 : 1 (Fig. 6)", f"1 : {over_ratio:.3f}"],
                 [
-                    "max backlogged service gap (both runs) vs 2U",
+                    "max backlogged service gap vs 2U, Fig. 5 run; Fig. 6 run",
                     "≤ 2U (Thm 4.4)",
-                    f"{_num(under['gap'])}, {_num(over['gap'])} ≤ {_num(over['bound'])}",
+                    f"{_against(under['gap'], under['bound'])}; "
+                    f"{_against(over['gap'], over['bound'])}",
                 ],
             ],
         ),
         "",
         "![VTC on/off](img/results-vtc-on-off.png)",
         "",
-        "The total service rate is not perfectly flat in either run: a window's rate depends "
-        "on how many 256-token decodes share each step, and that batch size changes when c1 "
-        "switches; the paper's Fig. 5 total is similarly only roughly constant. In Fig. 6 c1 "
-        "keeps a backlog through its OFF minutes, as the paper describes, so both clients stay "
-        "backlogged and are served equally.",
+        *_vtc_on_off_notes(under, over),
         "",
     ]
+
+
+def _vtc_on_off_notes(under: dict[str, Any], over: dict[str, Any]) -> list[str]:
+    total = under["total_rate"]
+    spread = total["max"] / total["min"] - 1 if total.get("min") else None
+    over_ratio = over["service"]["c2"] / over["service"]["c1"]
+    notes = []
+    if spread is not None:
+        notes.append(
+            f"In Fig. 5's run the total service rate varies by {spread:.1%} between windows: a "
+            "window's rate depends on how many 256-token decodes share each step, and that "
+            "batch size changes when c1 switches."
+        )
+    notes.append(
+        f"In Fig. 6's run the largest window imbalance is {over['max_imbalance']:.1%} and the "
+        f"service ratio over the run 1 : {over_ratio:.3f}"
+        + (
+            ": c1 keeps a backlog through its OFF minutes, as the paper describes, so both "
+            "clients stay backlogged and are served alike."
+            if over["max_imbalance"] < 0.05
+            else ": c1's OFF minutes show, unlike the paper's flat Fig. 6."
+        )
+    )
+    return [" ".join(notes)]
 
 
 def _section_vtc_weighted(data: dict[str, Any]) -> list[str]:
@@ -891,17 +959,34 @@ def _section_vtc_weighted(data: dict[str, Any]) -> list[str]:
                 [
                     "max backlogged gap of W/w, weighted, vs 2U / w_min",
                     "≤ 2U/w_min (§4.3)",
-                    f"{_num(weighted['gap'])} ≤ {_num(weighted['bound'])}",
+                    _against(weighted["gap"], weighted["bound"]),
                 ],
             ],
         ),
         "",
         "![weighted VTC](img/results-vtc-weighted.png)",
         "",
-        "The ratios fall a little short of 2, 3 and 4 because the run ends with the heavier "
-        "clients' counters up to the measured gap ahead of or behind c1's: over a 6-minute run "
-        "a gap of a few thousand tokens is a few percent of c1's service.",
+        *_vtc_weighted_notes(data),
         "",
+    ]
+
+
+def _vtc_weighted_notes(data: dict[str, Any]) -> list[str]:
+    weighted = data["weighted"]
+    weights = data["weights"]
+    base = weights["c1"]
+    errors = {
+        tenant: weighted["ratio"][tenant] / (weight / base) - 1
+        for tenant, weight in weights.items()
+    }
+    worst = max(errors, key=lambda tenant: abs(errors[tenant]))
+    allowance = weighted["gap"] / weighted["service"]["c1"]
+    relation = "within" if abs(errors[worst]) <= allowance else "beyond"
+    return [
+        f"The largest departure from the weights is {errors[worst]:+.1%} ({worst}), {relation} "
+        "what the backlogged gap allows while the clients stay backlogged: the gap "
+        f"({_num(weighted['gap'])} weighted tokens) over c1's service "
+        f"({_num(weighted['service']['c1'])}), {allowance:.1%}."
     ]
 
 
@@ -1074,10 +1159,14 @@ def _single_notes(data: dict[str, Any], memories: Sequence[int]) -> list[str]:
         gain_large = _ratio(lpm_large["throughput"], vtc_large["throughput"])
         gain_small = _ratio(lpm_small["throughput"], vtc_small["throughput"])
         notes.append(
-            f"Locality only pays when prefixes compete for the cache. With {large:,} tokens "
-            "the four clients' current 21,400-token documents nearly fit, and VTC's "
-            f"interleaving costs little (LPM / VTC throughput {_times(gain_large)}); with "
-            f"{small:,} tokens they evict each other and LPM / VTC is {_times(gain_small)}."
+            f"With {large:,} tokens the four clients' current 21,400-token documents nearly "
+            f"fit and LPM / VTC throughput is {_times(gain_large)}; with {small:,} tokens they "
+            f"evict each other and LPM / VTC is {_times(gain_small)}"
+            + (
+                ": locality pays when prefixes compete for the cache."
+                if (gain_small or 0) > (gain_large or 0)
+                else "."
+            )
         )
         notes.append(_quantum_note(qa, small))
         sweep = [
@@ -1085,22 +1174,31 @@ def _single_notes(data: dict[str, Any], memories: Sequence[int]) -> list[str]:
         ]
         best = min(sweep, key=lambda row: row["latency"]["mean"] or math.inf)
         default = _row(qa, "dlpm", "round_robin", small)
+        slower = (default["latency"]["mean"] or 0) > (lpm_small["latency"]["mean"] or math.inf)
         notes.append(
-            f"At {small:,} tokens the thrashing also reverses the latency comparison at "
-            "small Q^u: the well-behaved clients' TTFT is "
+            f"At {small:,} tokens the well-behaved clients' mean TTFT is "
             f"{_num(vtc_small['latency']['mean'], 1)} s under VTC and "
             f"{_num(default['latency']['mean'], 1)} s under DLPM at the default Q^u, against "
-            f"{_num(lpm_small['latency']['mean'], 1)} s under LPM, because every client "
-            f"waits behind recomputed documents; DLPM at Q^u = {_quantum_label(best)} brings "
-            f"it to {_num(best['latency']['mean'], 1)} s."
+            f"{_num(lpm_small['latency']['mean'], 1)} s under LPM"
+            + (
+                " (the fair schedulers' interleaving recomputes documents every client waits "
+                "behind)"
+                if slower
+                else ""
+            )
+            + f"; DLPM's lowest, {_num(best['latency']['mean'], 1)} s, is at Q^u = "
+            f"{_quantum_label(best)}."
         )
     tot = data.get("dlpm_tree_of_thoughts")
     if tot is not None:
+        throughputs = [row["throughput"] for row in tot["rows"]]
+        hits = [row["hit_rate"] for row in tot["rows"]]
         notes.append(
-            "On Tree-of-Thoughts the four schedulers' throughputs stay within a few percent "
-            "at any Q^u: a ToT request is mostly decode (200 output tokens on a ~550-token "
-            "prompt), and a child's cache hit stops at its parent's prompt because generated "
-            "tokens never enter our prefix cache, so there is little locality to win or lose."
+            "On Tree-of-Thoughts the highest throughput of any scheme and Q^u is "
+            f"{max(throughputs) / min(throughputs) - 1:.0%} above the lowest, and cache hit "
+            f"rates range over {min(hits):.0%}–{max(hits):.0%}: a ToT request is mostly decode "
+            "(200 output tokens on a ~550-token prompt), so the locality there is to win is "
+            "a small part of its cost."
         )
     return notes
 
@@ -1262,7 +1360,8 @@ def _multi_worker_notes(data: dict[str, Any]) -> list[str]:
             notes.append(
                 "On Tree-of-Thoughts D2LPM does not reproduce: VTC + round robin finishes the "
                 f"well-behaved clients' trees sooner ({_num(vtc_latency, 1)} s against "
-                f"{_num(d2lpm_latency, 1)} s) at about the same throughput. In our trace "
+                f"{_num(d2lpm_latency, 1)} s; D2LPM / VTC throughput "
+                f"{_times(_ratio(d2lpm['throughput'], vtc['throughput']))}). In our trace "
                 "replay a ToT request is mostly decode and its cache hit stops at its "
                 "parent's prompt (generated tokens are never cached), so locality buys "
                 "little, while spreading a client's burst of sibling requests over all four "
@@ -1369,12 +1468,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1.0,
         help="multiply every experiment's duration (1 = the documented set-up)",
     )
-    parser.add_argument("--only", choices=("chains",), help="regenerate one section in place")
+    parser.add_argument(
+        "--only",
+        choices=("chains", "serving"),
+        help="regenerate in place section 8 (chains) or sections 6 and 7 (serving)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.only == "chains":
         bench = Path("bench/results") if args.out == "docs" else None
         reproduce_chains.regenerate(out, args.scale, bench)
+        return 0
+    if args.only == "serving":
+        serving.regenerate(out, args.scale)
         return 0
     images = out / "img"
     images.mkdir(parents=True, exist_ok=True)
@@ -1406,8 +1512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_dlpm(results["multi_worker"], images / "results-multi-worker.png", "four workers")
     runs = (
         6
-        + 2 * len(KV_SCHEMES)
-        + len(results["slai"]["rows"])
+        + results["memory_safe"]["simulations"]
+        + results["slai"]["simulations"]
         + sum(
             len(result["rows"])
             for key in ("dlpm_single", "multi_worker")

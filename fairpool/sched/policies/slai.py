@@ -13,7 +13,9 @@ while the token budget τ and the cap α on active requests allow; (3) the remai
 in increasing C_j while the budget and the cap β on decodes per batch allow.
 
 Defaults are the paper's: τ = 512, α = β = 128, δ = 10, or the dynamic offset δ = 5 below
-96 % KV utilisation and 10 above. Requests with no TBT target use `default_tbt`; with none
+96 % KV utilisation and 10 above. `tighter_slo_first` is App. F.2's priority variant:
+new requests of the tier with the tightest TBT target are prefilled first, in SPF (or
+FCFS) order within a tier. Requests with no TBT target use `default_tbt`; with none
 set they are always due, which decodes them every step as Sarathi-Serve does.
 """
 
@@ -24,7 +26,7 @@ from typing import Any, Literal
 
 from fairpool.sched.errors import ConfigError, require_count, require_positive
 from fairpool.sched.policy import LocalPolicy, Waiting
-from fairpool.sched.requests import EngineView, Running
+from fairpool.sched.requests import SLO, EngineView, Running
 
 PrefillOrder = Literal["spf", "fcfs"]
 
@@ -42,6 +44,7 @@ class SLAI(LocalPolicy):
         offset: float | Literal["dynamic"] = 10.0,
         prefill_order: PrefillOrder = "spf",
         default_tbt: float | None = None,
+        tighter_slo_first: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(**options)
@@ -57,6 +60,11 @@ class SLAI(LocalPolicy):
         if default_tbt is not None:
             require_positive("default_tbt", default_tbt)
         self.default_tbt = default_tbt
+        if not isinstance(tighter_slo_first, bool):
+            raise ConfigError(
+                "tighter_slo_first", f"must be true or false, got {tighter_slo_first!r}"
+            )
+        self.tighter_slo_first = tighter_slo_first
 
     def current_offset(self, view: EngineView) -> float:
         if self.offset == "dynamic":
@@ -65,9 +73,8 @@ class SLAI(LocalPolicy):
 
     def deadline(self, running: Running, view: EngineView) -> float:
         """C_j of Eq. 8: the latest time the next decode iteration may start."""
-        slo = running.request.slo
-        tbt = slo.tbt if slo is not None and slo.tbt is not None else self.default_tbt
-        if tbt is None:
+        tbt = self.tbt(running.request.slo)
+        if tbt == math.inf:
             return -math.inf
         return running.last_step_end + tbt - self.current_offset(view) * view.mean_batch_time
 
@@ -81,12 +88,23 @@ class SLAI(LocalPolicy):
     def _select(self, view: EngineView) -> Waiting | None:
         if len(view.running) >= self.max_active:
             return None
+
+        def tier(entry: Waiting) -> float:
+            return self.tbt(entry.request.slo) if self.tighter_slo_first else 0.0
+
         if self.prefill_order == "fcfs":
-            return self._best(self.waiting(), key=lambda entry: entry.order)
+            return self._best(self.waiting(), key=lambda entry: (tier(entry), entry.order))
         return self._best(
             self.waiting(),
             key=lambda entry: (
+                tier(entry),
                 entry.request.prompt_tokens - view.cached_tokens(entry.request),
                 entry.order,
             ),
         )
+
+    def tbt(self, slo: SLO | None) -> float:
+        """The TBT target a request is scheduled by (∞: none, always due)."""
+        if slo is not None and slo.tbt is not None:
+            return slo.tbt
+        return math.inf if self.default_tbt is None else self.default_tbt

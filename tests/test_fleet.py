@@ -1,8 +1,13 @@
 """The fleet simulator: the recorder's measures, the CLI contract, and the papers' bounds.
 
-Theorems checked over random bounded workloads (max_backlogged_service_gap ≤ bound):
-VTC Thm 4.4 (2U, one engine), DLPM Thm 4.1 (2(U+Q), one engine) and D2LPM Thm 5.1
-(2|W|(U+Q), DLPM engines behind D2LPM).
+Theorems checked by random search over bounded workloads (seed 000 is Cao et al.,
+"Locality-aware Fair Scheduling in LLM Serving"): VTC Thm 4.4 (2U, one engine) and DLPM
+Thm 4.1 (2(U+Q), one engine) on `max_backlogged_service_gap`; for DLPM engines behind
+D2LPM (§5.2, Appendix A.2) Thm 5.1 (2|W|(U+Q) between tenants backlogged on every worker,
+`max_fully_backlogged_service_gap`), Thm 5.2 (2|W|(U+Q) for any tenant over one backlogged
+on every worker) and Thm A.3 (|Σ_w k_{i,w}·Q − W_i| ≤ max(Q, U)·|W|). Two counterexamples
+are kept as tests: the backlogged-anywhere gap grows with time on several workers, and
+D2LPM with Q^w = ∞ is unfair (Thm A.5).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ def run(
     weights=None,
     quantum=None,
     duration=None,
+    worker_quantum=None,
 ):
     config = FleetConfig(
         workers=workers,
@@ -54,6 +60,7 @@ def run(
         token_budget=512,
         step_time=FAST,
         quantum=quantum,
+        worker_quantum=worker_quantum,
         weights=TenantWeights(weights),
     )
     fleet = Fleet(config)
@@ -78,6 +85,50 @@ def test_gap_is_measured_only_while_both_tenants_are_backlogged():
     assert recorder.max_backlogged_service_gap() == pytest.approx(30)
     assert recorder.backlog["a"] == [(0.0, 4.0)]
     assert recorder.backlog["b"] == [(1.0, 6.0)]
+
+
+def test_service_stays_in_time_order_when_engines_report_out_of_order():
+    # Engines' steps are reported in the order they start: w0's step [1.0, 1.5] comes
+    # before w1's [1.1, 1.2], so a point at 1.2 arrives after one at 1.5.
+    recorder = Recorder(TenantWeights())
+    recorder.served_after_step(1.5, "w0", {"a": 100.0})
+    recorder.served_after_step(1.2, "w1", {"a": 10.0})
+    recorder.served_after_step(1.5, "w1", {"a": 30.0})
+    assert list(recorder.service_times["a"]) == [1.2, 1.5]
+    assert list(recorder.service_values["a"]) == [10.0, 130.0]
+    assert [recorder.service_at("a", t) for t in (1.0, 1.2, 1.4, 2.0)] == [0, 10, 10, 130]
+
+
+def test_fully_backlogged_means_waiting_at_every_worker():
+    recorder = Recorder(TenantWeights(), workers=["w0", "w1"])
+    first, second, third = (Request(rid, "a", 10, 10) for rid in "123")
+    for request, worker, t in ((first, "w0", 0.0), (second, "w1", 1.0), (third, "w1", 4.0)):
+        recorder.arrived(request)
+        recorder.dispatched(request, worker, t)
+    recorder.admitted(first, 3.0, "w0")
+    recorder.admitted(second, 5.0, "w1")
+    recorder.preempted(first, 6.0, "w0")  # waits at w0 again, while w1 still holds one
+    recorder.close(8.0)
+    assert recorder.worker_backlog["a"]["w0"] == [(0.0, 3.0), (6.0, 8.0)]
+    assert recorder.worker_backlog["a"]["w1"] == [(1.0, 8.0)]
+    assert recorder.fully_backlogged("a") == [(1.0, 3.0), (6.0, 8.0)]
+    assert recorder.backlog["a"] == [(0.0, 8.0)]  # anywhere: one interval
+    assert recorder.fully_backlogged("never-dispatched") == []
+
+
+def test_fully_backlogged_gap_counts_only_intervals_backlogged_everywhere():
+    recorder = Recorder(TenantWeights(), workers=["w0", "w1"])
+    for rid, tenant in (("1", "a"), ("2", "a"), ("3", "b"), ("4", "b")):
+        recorder.arrived(Request(rid, tenant, 10, 10))
+        recorder.dispatched(Request(rid, tenant, 10, 10), "w0" if rid in "13" else "w1", 0.0)
+    recorder.served_after_step(1.0, "w0", {"a": 50.0, "b": 10.0})
+    recorder.admitted(Request("4", "b", 10, 10), 2.0, "w1")  # b waits at w0 only from 2
+    recorder.served_after_step(3.0, "w0", {"a": 500.0, "b": 10.0})
+    recorder.close(4.0)
+    assert recorder.max_fully_backlogged_service_gap() == pytest.approx(40)  # within [0, 2]
+    assert recorder.max_backlogged_service_gap() == pytest.approx(490)  # [0, 4] anywhere
+    # Thm 5.2's one-sided measure: a over b while b is backlogged everywhere ([0, 2]).
+    assert recorder.max_excess_over_fully_backlogged() == pytest.approx(40)
 
 
 def test_weights_divide_service_in_the_gap():
@@ -167,31 +218,156 @@ def test_one_engine_stays_within_its_theorem_bound(spec, policy, quantum):
     assert summary["max_backlogged_service_gap"] <= summary["fairness_bound"]
 
 
-# Theorem 5.1 is about tenants backlogged on every worker (Definition 3.1: more requests
-# could not raise their throughput). The measure counts a tenant as backlogged while any of
-# its requests waits anywhere, so a light tenant waiting at one worker while another could
-# serve it would fall outside the theorem: these workloads flood every worker.
-flooding = st.lists(
+# DLPM engines behind D2LPM (seed 000, §5.2 and Appendix A.2). U = w_e·L_input + w_q·M
+# (the longest prompt admitted, M the memory per engine) and Q the engines' quantum, the
+# largest U + Q over the engines; |W| the number of workers; Q^w, D2LPM's quantum, appears
+# in no bound. Tenants mix floods (30-80 requests/s: backlogged on every worker, the
+# regime in which the bounds could fail) with light tenants (1-30/s: backlogged at some
+# workers at times, or not at all).
+fleet_workload = st.lists(
     st.tuples(
         st.sampled_from(["a", "b", "c"]),
-        st.floats(30.0, 80.0),
-        st.integers(20, 300),
-        st.integers(10, 120),
+        st.one_of(st.floats(30.0, 80.0), st.floats(1.0, 30.0)),  # requests per second
+        st.integers(20, 300),  # prompt
+        st.integers(10, 120),  # output
     ),
     min_size=2,
     max_size=4,
 )
+fleet_quantum = st.sampled_from([None, 500.0, 5000.0])  # None: `auto`
+fleet_duration = st.floats(4.0, 10.0)
 
 
-# Derandomized: random exploration occasionally finds flooding workloads that exceed the
-# bound (a gap of 27,270 against 24,280 was seen), which is an open question about how the
-# measure and Definition 3.1 line up, not a regression; a fixed set keeps CI meaningful.
-@settings(max_examples=10, derandomize=True)
-@given(flooding, st.integers(2, 3))
-def test_dlpm_behind_d2lpm_stays_within_the_fleet_bound(spec, workers):
-    trace = random_trace(spec)
-    _, summary = run(trace, workers=workers, policy="dlpm", router="d2lpm", duration=12.0)
-    assert summary["max_backlogged_service_gap"] <= summary["fairness_bound"]
+def bounded_run(spec, workers, quantum, duration):
+    trace = random_trace(spec, duration)
+    return run(
+        trace,
+        workers=workers,
+        policy="dlpm",
+        router="d2lpm",
+        quantum=quantum,
+        duration=duration,
+    )
+
+
+@settings(max_examples=20)
+@given(fleet_workload, st.integers(2, 3), fleet_quantum, fleet_duration)
+def test_dlpm_behind_d2lpm_stays_within_the_fleet_bound(spec, workers, quantum, duration):
+    """Theorem 5.1: over any interval in which tenants f and g are both continuously
+    backlogged, |W_f − W_g| ≤ 2·|W|·(U + Q).
+
+    Backlogged as the theorem means it: a request waiting at *every* worker (Definition
+    3.1; the proof's key step is that D2LPM exhausts a tenant's credit on every worker
+    before refilling, so a backlogged tenant is backlogged on all workers, and the local
+    bound 2(U + Q) of Theorem 4.1 adds up over |W| workers where both are backlogged
+    throughout). `max_backlogged_service_gap`, backlogged anywhere, is not bounded on
+    several workers: see the next test."""
+    _, summary = bounded_run(spec, workers, quantum, duration)
+    assert summary["max_fully_backlogged_service_gap"] <= summary["fairness_bound"]
+
+
+def test_backlogged_anywhere_gap_grows_with_time_on_several_workers():
+    """Known exception: the backlogged-anywhere measure has no bound independent of time.
+
+    A light tenant (32 requests/s of 20 prompt + 10 output tokens: 1,280 service/s, its
+    whole demand served) beside a flood (80/s of 200 + 50) on two workers. Each light
+    request waits a few steps for its turn, so the light tenant almost always has one
+    waiting at one worker or the other, while its queue at each worker empties every
+    second or so. Backlogged anywhere, it looks continuously backlogged for seconds, and
+    the gap to the flood grows with the interval: 7,460 over 6 s, 16,280 over 12 s,
+    41,424 over 24 s against a bound of 24,992. It is not backlogged in Definition 3.1's
+    sense (more requests would raise its throughput), and at no worker is it waiting
+    throughout, so Theorem 5.1 does not apply; backlogged on every worker the gap stays
+    below 7,500. The bound that holds for tenants backlogged somewhere is Theorem 5.2's,
+    one-sided, with the other tenant backlogged everywhere (next tests). The flooding
+    workloads that once failed Theorem 5.1 on this measure (a gap of 27,270 against
+    24,280, the bound of two workers with prompts of at most 22 tokens) are this case: of
+    45 random runs of that family (2-4 flows at 30-80 requests/s, prompts of 20-22
+    tokens, outputs of 10-120), 10 exceeded 24,280 backlogged anywhere (gaps up to 57,715),
+    each with a tenant whose requests were all small (outputs of 10-26 tokens: its whole
+    demand served) beside a heavy one; backlogged on every worker none exceeded 7,681."""
+    gaps = {}
+    for duration in (6.0, 24.0):
+        trace = uniform("light", 32, duration, 20, 10) + uniform("heavy", 80, duration, 200, 50)
+        _, summary = run(trace, workers=2, policy="dlpm", router="d2lpm", duration=duration)
+        light = summary["tenants"]["light"]
+        assert light["requests"] - light["finished"] <= 32  # served all but its last second
+        assert light["backlogged_s"] >= 0.95 * duration  # yet "backlogged" nearly always
+        assert summary["max_fully_backlogged_service_gap"] <= summary["fairness_bound"]
+        gaps[duration] = summary["max_backlogged_service_gap"], summary["fairness_bound"]
+    (short, _), (long, bound) = gaps[6.0], gaps[24.0]
+    assert long > 4 * short
+    assert long > bound
+
+
+@settings(max_examples=20)
+@given(fleet_workload, st.integers(2, 3), fleet_quantum, fleet_duration)
+def test_backlogged_tenant_gets_no_less_than_any_other_behind_d2lpm(
+    spec, workers, quantum, duration
+):
+    """Theorem 5.2: over any interval in which f is continuously backlogged (on every
+    worker, as in Theorem 5.1) and g is any tenant, backlogged or not,
+    W_g − W_f ≤ 2·(U + Q)·|W|. One-sided: g may receive less (it asked for less)."""
+    fleet, summary = bounded_run(spec, workers, quantum, duration)
+    assert fleet.recorder.max_excess_over_fully_backlogged() <= summary["fairness_bound"]
+
+
+@settings(max_examples=20)
+@given(fleet_workload, st.integers(2, 3), st.sampled_from([500.0, 2048.0, 5000.0]), fleet_duration)
+def test_refills_account_for_service_behind_d2lpm(spec, workers, quantum, duration):
+    """Theorem A.3: for client i with k_{i,w} refills of the local DLPM at worker w since
+    the start (all deficits 0), |Σ_w k_{i,w}·Q − W_i(0, t)| ≤ max(Q, U)·|W|: the service
+    it received is what its refills granted, but for what each worker's deficit holds,
+    q_{i,w} ∈ (−U, Q]. Stated for a backlogged client; the proof uses the deficits' range
+    alone, so it is checked for every tenant, at the end of a run of random length."""
+    fleet, _ = bounded_run(spec, workers, quantum, duration)
+    engines = fleet.engines
+    U = max(e.policy.service_bound(e.memory_tokens) / 2 - e.policy.quantum for e in engines)
+    for tenant in fleet.recorder.tenants:
+        granted = sum(e.policy.refills(tenant) * e.policy.tenant_quantum(tenant) for e in engines)
+        received = sum(e.policy.served.get(tenant, 0.0) for e in engines)
+        assert abs(granted - received) <= max(quantum, U) * len(engines)
+
+
+def test_infinite_worker_quantum_is_unfair():
+    """Theorem A.5: D2LPM with Q^w = ∞ is not fair. f's requests share a long prefix, so
+    all go to the worker caching it; g's match nothing and are balanced over every worker
+    (Algorithm 2, line 8). Both are backlogged, yet g is served on |W| workers and f on
+    one, so W_g − W_f grows with time without bound: 22,680 over 5 s and 95,874 over
+    20 s on two workers, against 2·|W|·(U + Q) = 26,672, f waiting at its worker
+    throughout. f is backlogged (Definition 3.1: more requests would go to the same
+    worker) but on one worker only, the premise of Theorem 5.1 that Q^w = ∞ breaks. With a
+    finite Q^w (`auto`) f spreads once its credit on its favourite is spent: over 20 s
+    W_g − W_f = −314, and Theorem 5.1 holds (gap 8,006)."""
+
+    def trace(duration):
+        requests = []
+        for index in range(int(duration * 80)):
+            t = index / 80
+            requests.append(TraceRequest(t, "f", (("manual", 600), (None, 20)), 20, 20))
+            requests.append(TraceRequest(t, "g", ((None, 620),), 20, 20))
+        return requests
+
+    excess = {}
+    for duration in (5.0, 20.0):
+        fleet, summary = run(
+            trace(duration),
+            workers=2,
+            policy="dlpm",
+            router="d2lpm",
+            duration=duration,
+            worker_quantum=1e15,
+        )
+        tenants = summary["tenants"]
+        assert [e.policy.served.get("f", 0) > 0 for e in fleet.engines].count(True) == 1
+        assert tenants["f"]["backlogged_s"] >= 0.95 * duration  # waiting at its worker
+        excess[duration] = tenants["g"]["service"] - tenants["f"]["service"]
+        bound = summary["fairness_bound"]
+    assert excess[20.0] > 3 * excess[5.0]
+    assert excess[20.0] > bound
+    fleet, summary = run(trace(20.0), workers=2, policy="dlpm", router="d2lpm", duration=20.0)
+    assert all(e.policy.served.get("f", 0) > 0 for e in fleet.engines)
+    assert summary["max_fully_backlogged_service_gap"] <= summary["fairness_bound"]
 
 
 # ---------------------------------------------------------------- the command
@@ -224,6 +400,7 @@ def test_sim_command_writes_the_json_contract(tmp_path, capsys):
         "jain_index",
         "fairness_bound",
         "max_backlogged_service_gap",
+        "max_fully_backlogged_service_gap",
         "tenants",
     ):
         assert key in summary

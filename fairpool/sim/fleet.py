@@ -180,7 +180,6 @@ class Fleet:
     def __init__(self, config: FleetConfig, seed: int = 0) -> None:
         self.config = config
         self.tokens = SegmentTokens(seed)
-        self.recorder = Recorder(config.weights)
         self.now = 0.0
         self.engines = [
             SimEngine(
@@ -196,6 +195,7 @@ class Fleet:
             for index in range(config.workers)
         ]
         self._positions = {engine.name: position for position, engine in enumerate(self.engines)}
+        self.recorder = Recorder(config.weights, [engine.name for engine in self.engines])
         self._busy: list[tuple[float, int]] = []  # see run()
         limiter = TenantLimiter(clock=self._clock)  # the replicas' shared state
         #: The gateway's replicas (one unless `gateway_replicas` says more).
@@ -273,7 +273,9 @@ class Fleet:
 
         - one worker: its policy's (VTC Theorem 4.4: 2U; DLPM Theorem 4.1: 2(U + Q));
         - DLPM engines behind D2LPM: 2·|W|·(U + Q) (DLPM Theorem 5.1), from the engine
-          with the largest U + Q.
+          with the largest U + Q. The theorem's tenants are backlogged on every worker
+          (`max_fully_backlogged_service_gap`); a tenant waiting at some workers only is
+          outside it, and `max_backlogged_service_gap` may exceed it.
 
         Other combinations have no theorem: None.
         """
@@ -439,6 +441,7 @@ class Fleet:
         if was_idle:
             engine.now = max(engine.now, self.now)
         engine.submit(request, tokens, trace_request.output_tokens)
+        self.recorder.dispatched(request, engine.name, self.now)
         if was_idle:
             heapq.heappush(self._busy, (engine.now, position))
 
@@ -497,13 +500,13 @@ class Fleet:
     # ------------------------------------------------------------------ EngineListener
 
     def admitted(self, engine: SimEngine, request: Request) -> None:
-        self.recorder.admitted(request, engine.now)
+        self.recorder.admitted(request, engine.now, engine.name)
         flight = self._flights.get(request.request_id)
         if flight is not None and not flight.started:  # the front hears of it at engine time
             self._at(engine.now, flight.start)
 
     def preempted(self, engine: SimEngine, request: Request) -> None:
-        self.recorder.preempted(request, engine.now)
+        self.recorder.preempted(request, engine.now, engine.name)
 
     def finished(self, engine: SimEngine, completion: Completion) -> None:
         """The engine finished a request at `completion.finished_at` (its clock may be ahead

@@ -242,7 +242,7 @@ def summary_table(
         f"{summary['duration_s']:.0f} s · {summary['throughput_tokens_per_s']:,.0f} tok/s "
         f"({summary['output_tokens_per_s']:,.0f} out) · cache hits "
         f"{summary['cache_hit_rate']:.0%} · Jain {summary['jain_index']:.3f} · "
-        f"backlogged gap {summary['max_backlogged_service_gap']:,.0f}"
+        f"backlogged gap {summary['max_fully_backlogged_service_gap']:,.0f}"
         + (f" (bound {bound:,.0f})" if bound is not None else " (no bound)")
         + "".join(
             f" · {label} {summary[key]:,.0f}"

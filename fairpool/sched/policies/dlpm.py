@@ -79,6 +79,7 @@ class DLPM(LocalPolicy):
         self.quantum_rule = Quantum(quantum, floor=AUTO_QUANTUM_FLOOR)
         self.deficits: dict[str, float] = defaultdict(float)
         self.refill_rounds = 0
+        self._refills: dict[str, int] = defaultdict(int)
 
     @property
     def quantum(self) -> float:
@@ -116,7 +117,13 @@ class DLPM(LocalPolicy):
         for tenant in self.active_tenants():
             quantum = self.tenant_quantum(tenant)
             needed = refills_to_credit(self.deficits[tenant], quantum)
+            self._refills[tenant] += min(rounds, needed)
             self.deficits[tenant] += min(rounds, needed) * quantum
+
+    def refills(self, tenant: str) -> int:
+        """How many quanta `tenant` has been refilled by (k_i in Theorem A.1, k_{i,w} at
+        this worker in Theorem A.3)."""
+        return self._refills.get(tenant, 0)
 
     def tenant_state(self) -> dict[str, float]:
         return dict(self.deficits)

@@ -180,6 +180,22 @@ def test_d2lpm_keeps_prefix_locality_and_hears_evictions():
     assert all(t["finished"] == t["requests"] for t in summary["tenants"].values())
 
 
+def test_a_childs_prompt_hits_its_parents_generated_thought():
+    """A trace request's `output_segment` names its output: a later prompt continuing
+    with that segment hits the parent's prompt *and* thought in the cache."""
+    parent = TraceRequest(0.0, "a", (("q", 160),), 96, 96, output_segment="thought")
+    child = TraceRequest(5.0, "a", (("q", 160), ("thought", 96), (None, 16)), 8, 8)
+    unnamed = TraceRequest(0.0, "a", (("q", 160),), 96, 96)
+    hits = {}
+    for name, first in (("named", parent), ("unnamed", unnamed)):
+        fleet, _ = run([first, child], policy="fcfs", memory=4000)
+        (late,) = [c for c in fleet.engines[0].completions if c.request.arrival == 5.0]
+        hits[name] = late.cached_tokens
+        block = fleet.engines[0].block_size
+    assert hits["unnamed"] == 160 // block * block
+    assert hits["named"] == (160 + 96 - 1) // block * block  # the parent's computed KV
+
+
 def test_runs_until_every_request_finished_without_a_duration():
     trace = uniform("a", 1, 5, 50, 10)
     _, summary = run(trace)
@@ -519,6 +535,13 @@ def test_bad_closed_loop_clients_are_clear_errors(capsys, argv, named):
         (
             ['{"t": 0, "tenant": "a", "segments": [[null, 10]], "output_tokens": 5, "x": 1}'],
             "line 1: x",
+        ),
+        (
+            [
+                '{"t": 0, "tenant": "a", "segments": [[null, 10]], "output_tokens": 5, '
+                '"output_segment": ""}'
+            ],
+            "line 1: output_segment",
         ),
     ],
 )

@@ -33,6 +33,32 @@ def test_requests_sharing_a_prefix_hit_the_cache_and_pay_less():
     assert engine.policy.served["a"] == pytest.approx((1010 + 10) + 2 * 8)
 
 
+@pytest.mark.parametrize("known", [True, False])
+def test_a_finished_requests_generated_tokens_are_cached_when_their_ids_are_known(known):
+    """A child prompt that continues its parent's prompt with the parent's output (a tree
+    of thoughts, a chat's next turn) hits the parent's generated tokens too, in full
+    blocks of the KV the parent computed (all but its last token). Without the ids the
+    hit stops at the parent's prompt."""
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=5000, block_size=16)
+    prompt = list(range(100))
+    thought = [10_000 + i for i in range(60)]
+    engine.submit(Request("parent", "a", 100, 60), prompt, 60, thought if known else ())
+    run_until_idle(engine)
+    child = prompt + thought + [20_000 + i for i in range(8)]
+    engine.submit(Request("child", "a", len(child), 4), child, 4)
+    run_until_idle(engine)
+    hit = engine.completions[-1].cached_tokens
+    assert hit == ((100 + 60 - 1) // 16 * 16 if known else 100 // 16 * 16)
+    assert engine.memory_used <= engine.memory_tokens
+
+
+def test_output_ids_must_cover_the_output():
+    engine = SimEngine(make_policy("fcfs"), memory_tokens=5000)
+    with pytest.raises(ConfigError) as error:
+        engine.submit(Request("x", "a", 10, 8), list(range(10)), 8, [1, 2, 3])
+    assert error.value.parameter == "output_ids"
+
+
 def test_memory_is_never_overcommitted_and_everything_finishes():
     engine = SimEngine(make_policy("dlpm"), memory_tokens=2000, token_budget=256)
     for index in range(40):

@@ -159,7 +159,11 @@ def test_tree_of_thoughts_children_extend_their_parents_full_prompt():
             if len(request.segments) > 1:
                 parent = request.segments[:-1]
                 assert parent in prompts
-                assert request.segments[-1][1] == 200  # the parent's output
+                assert request.segments[-1][1] == 200  # the parent's output ...
+                (father,) = [r for r in tree if r.segments == parent][:1]
+                siblings = {r.output_segment for r in tree if r.segments == parent}
+                assert request.segments[-1][0] in siblings  # ... named as its output
+                assert father.output_segment is not None
                 parent_time = min(r.t for r in tree if r.segments == parent)
                 assert request.t == pytest.approx(parent_time + 1.0)
     assert statistics.mean(r.prompt_tokens for r in complete[0]) == pytest.approx(546, rel=0.02)

@@ -3,7 +3,8 @@
 This is the engine model the simulator builds on. Each step the policy (through
 `fairpool.sched.form_batch`) picks decodes, prefill chunks and admissions; the step's
 duration comes from a linear iteration-time model; finished prefills enter the prefix
-cache; finished requests leave.
+cache; finished requests leave, their generated tokens entering the cache too when the
+caller gave their ids (a later prompt may continue with them, as vLLM's cache allows).
 
 Memory (KV tokens, capacity M): the prefix cache holds the prompts of running and
 recently finished requests (shared prefixes once; unlocked entries are evicted LRU when
@@ -74,6 +75,7 @@ class _Job:
     request: Request
     tokens: Sequence[int]
     output_target: int
+    output_ids: Sequence[int] = ()  # the generated tokens' ids, when known
     output_done: int = 0
     running: Running | None = None
     private: int = 0  # KV tokens held outside the prefix cache
@@ -185,10 +187,18 @@ class SimEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, request: Request, tokens: Sequence[int], output_tokens: int) -> None:
+    def submit(
+        self,
+        request: Request,
+        tokens: Sequence[int],
+        output_tokens: int,
+        output_ids: Sequence[int] = (),
+    ) -> None:
         """A request arrives now; it will produce `output_tokens` (≤ max_tokens). With 0 it
         is prefill-only (an embedding, as vLLM's pooling requests): it finishes when its
-        prompt is computed, charged for the uncached prompt alone."""
+        prompt is computed, charged for the uncached prompt alone. `output_ids`, when
+        given, are the ids of the tokens it generates: when it finishes, the full blocks of
+        its prompt and generated tokens stay in the prefix cache, as vLLM's do."""
         if len(tokens) != request.prompt_tokens:
             raise ConfigError(
                 "tokens", f"has {len(tokens)} ids, but prompt_tokens is {request.prompt_tokens}"
@@ -202,7 +212,9 @@ class SimEngine:
                 f"(in blocks of {self.block_size})",
             )
         target = min(output_tokens, request.max_tokens)
-        self._jobs[request.request_id] = _Job(request, tokens, target)
+        if output_ids and len(output_ids) < target:
+            raise ConfigError("output_ids", f"has {len(output_ids)} ids for {target} output tokens")
+        self._jobs[request.request_id] = _Job(request, tokens, target, output_ids)
         self.policy.add(request)
         self._stalled = False
 
@@ -389,6 +401,7 @@ class SimEngine:
         self.policy.finish(running.request_id)
         self.running.remove(running)
         self._release(job)
+        self._cache_generated(job)
         del self._jobs[running.request_id]
         completion = Completion(
             job.request,
@@ -403,6 +416,19 @@ class SimEngine:
         self.completions.append(completion)
         if self.listener is not None:
             self.listener.finished(self, completion)
+
+    def _cache_generated(self, job: _Job) -> None:
+        """A finished request's KV — its prompt and every generated token but the last,
+        whose KV is never computed — stays in the cache in full blocks, when the ids of
+        what it generated are known. Its private blocks were just released, so the room
+        is there."""
+        if not job.output_ids:
+            return
+        computed = job.request.prompt_tokens + job.output_done - 1
+        shared = computed - computed % self.block_size
+        if shared > job.request.prompt_tokens - job.request.prompt_tokens % self.block_size:
+            ids = list(job.tokens) + list(job.output_ids[: job.output_done - 1])
+            self.cache.insert(ids[:shared], CACHE_OWNER)
 
     def _note_memory(self) -> None:
         """Track the peak of what running requests hold (evictable cache excluded)."""

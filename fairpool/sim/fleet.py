@@ -440,7 +440,9 @@ class Fleet:
         was_idle = engine.idle() or engine.stalled
         if was_idle:
             engine.now = max(engine.now, self.now)
-        engine.submit(request, tokens, trace_request.output_tokens)
+        output = trace_request.output_segment
+        output_ids = self.tokens.tokens([(output, trace_request.output_tokens)]) if output else ()
+        engine.submit(request, tokens, trace_request.output_tokens, output_ids)
         self.recorder.dispatched(request, engine.name, self.now)
         if was_idle:
             heapq.heappush(self._busy, (engine.now, position))

@@ -45,6 +45,10 @@ class TraceRequest:
     output_tokens: int
     max_tokens: int
     slo: SLO | None = None
+    #: The named segment the request's output becomes: a later prompt that continues
+    #: with this segment hits the generated tokens in the prefix cache (a tree of
+    #: thoughts' child, a chat's next turn).
+    output_segment: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -64,6 +68,8 @@ class TraceRequest:
                 for key, value in (("ttft", self.slo.ttft), ("tbt", self.slo.tbt))
                 if value is not None
             }
+        if self.output_segment is not None:
+            record["output_segment"] = self.output_segment
         return record
 
 
@@ -75,7 +81,8 @@ def parse_request(record: object, where: str = "request") -> TraceRequest:
 
     if not isinstance(record, dict):
         raise fail("record", f"must be a JSON object, got {type(record).__name__}")
-    unknown = set(record) - {"t", "tenant", "segments", "output_tokens", "max_tokens", "slo"}
+    fields = {"t", "tenant", "segments", "output_tokens", "max_tokens", "slo", "output_segment"}
+    unknown = set(record) - fields
     if unknown:
         raise fail(sorted(unknown)[0], "unknown field")
     t = record.get("t")
@@ -114,7 +121,10 @@ def parse_request(record: object, where: str = "request") -> TraceRequest:
             slo = SLO(ttft=raw_slo.get("ttft"), tbt=raw_slo.get("tbt"))
         except ConfigError as error:
             raise fail(error.parameter, error.problem) from None
-    return TraceRequest(float(t), tenant, tuple(segments), output, max_tokens, slo)
+    output_segment = record.get("output_segment")
+    if output_segment is not None and (not isinstance(output_segment, str) or not output_segment):
+        raise fail("output_segment", f"must be a non-empty string or null, got {output_segment!r}")
+    return TraceRequest(float(t), tenant, tuple(segments), output, max_tokens, slo, output_segment)
 
 
 def read_trace(source: str | Path | TextIO) -> list[TraceRequest]:

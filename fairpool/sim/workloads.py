@@ -141,6 +141,7 @@ def _request(
     output_tokens: int,
     max_tokens: int | None = None,
     slo: SLO | None = None,
+    output_segment: str | None = None,
 ) -> TraceRequest:
     output_tokens = max(1, output_tokens)
     return TraceRequest(
@@ -150,6 +151,7 @@ def _request(
         output_tokens,
         max(output_tokens, max_tokens or 0),
         slo,
+        output_segment,
     )
 
 
@@ -383,8 +385,11 @@ def _tree(
         for path, prompt in level:
             for branch in range(branching):
                 node = f"{path}.{branch}" if path else str(branch)
-                requests.append(_request(time, tenant, prompt, thought_tokens, max_tokens))
-                deeper.append((node, (*prompt, (f"{base}/{node}", thought_tokens))))
+                thought = f"{base}/{node}"
+                requests.append(
+                    _request(time, tenant, prompt, thought_tokens, max_tokens, None, thought)
+                )
+                deeper.append((node, (*prompt, (thought, thought_tokens))))
         level = deeper
     return requests
 

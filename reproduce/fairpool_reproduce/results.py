@@ -1419,11 +1419,10 @@ def _multi_worker_notes(data: dict[str, Any]) -> list[str]:
                 f"well-behaved clients' trees sooner ({_num(vtc_latency, 1)} s against "
                 f"{_num(d2lpm_latency, 1)} s; D2LPM / VTC throughput "
                 f"{_times(_ratio(d2lpm['throughput'], vtc['throughput']))}). In our trace "
-                "replay a ToT request is mostly decode and its cache hit stops at its "
-                "parent's prompt (generated tokens are never cached), so locality buys "
-                "little, while spreading a client's burst of sibling requests over all four "
-                "workers (round robin) finishes a tree sooner than D2LPM keeping it on the "
-                "workers that hold its prefix."
+                "replay a ToT request is mostly decode, so locality buys little, while "
+                "spreading a client's burst of sibling requests over all four workers "
+                "(round robin) finishes a tree sooner than D2LPM keeping it on the workers "
+                "that hold its prefix."
             )
     violations = [
         (workload, row)
@@ -1444,11 +1443,9 @@ def _section_limits() -> list[str]:
     return [
         "## Simulator limits that shape these numbers",
         "",
-        "- Generated tokens never enter the prefix cache (the engine caches a request's "
-        "prompt when its prefill completes); a trace cannot give output tokens the ids the "
-        "next request's prompt uses anyway. Tree-of-Thoughts children therefore hit only "
-        "their parent's prompt, not its thought, and multi-turn chats re-prefill the last "
-        "reply; SGLang caches both.",
+        "- Generated tokens enter the prefix cache only where the trace names them "
+        "(`output_segment`): Tree-of-Thoughts names every thought, so a child hits its "
+        "parent's prompt and thought; the QA workload's answers are never reused.",
         "- A prefix is cached only once its prefill completes: requests sharing it that are "
         "admitted meanwhile (a 21,450-token QA document takes several chunked steps) "
         "prefill it again. LPM cannot tell them apart (all match 0 tokens) and admits them in "

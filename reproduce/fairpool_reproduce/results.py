@@ -1473,8 +1473,9 @@ def write_markdown(results: Mapping[str, Any], path: Path, wall_s: float, runs: 
         "in LLM Serving* (arXiv 2501.14312), [KV] Jaillet et al., *Online Scheduling for "
         "LLM Inference with KV Cache Constraints* (arXiv 2502.07115) and [RAD] Bari et al., "
         "*Optimal Scheduling Algorithms for LLM Inference*, with the figure, table or section "
-        "each number comes from. Service is 1·extend + 2·output tokens throughout (both "
-        "fairness papers' w = 1, 2).",
+        "each number comes from. Service charged is 1·extend + 2·output tokens (both "
+        "fairness papers' w = 1, 2); Jain's index and VTC's service difference count it from "
+        "the client's side, 1·input + 2·output, as the papers compute them.",
         "",
         f"This regeneration ran {runs} simulations in {wall_s:.0f} s of wall time. The VTC "
         "experiments use the paper's own durations (6 and 10 minutes of arrivals) and its "

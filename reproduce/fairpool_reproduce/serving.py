@@ -276,7 +276,7 @@ def _memory_safe_notes(data: dict[str, Any]) -> list[str]:
     if flat:
         notes.append(
             f"At {_lambdas(flat)} neither MC-SF's nor the best baseline's slope is measurably "
-            "above 0: no queue grows, so there is no growth rate to compare."
+            "above 0, so there is no growth rate to compare."
         )
     for entry in data["rates"]:
         ours, best = entry["rows"][0], _row(entry, entry["best"])
@@ -307,7 +307,7 @@ def _memory_safe_notes(data: dict[str, Any]) -> list[str]:
     if paper_low is not None and not paper_low["best_grows"] and growing:
         notes.append(
             "The paper's λ = 10/s was still overloaded on its hardware; on our profile the "
-            f"lowest rate of the sweep at which the baselines' queue grows is "
+            f"lowest rate of the sweep at which the best baseline's queue grows is "
             f"{growing[0]['rate']:.0f}/s, which is why the sweep includes rates between the "
             "paper's two."
         )

@@ -558,6 +558,10 @@ PIPELINE_SPEC = yaml.safe_load((ROOT / "examples" / "pipeline.yaml").read_text()
     [
         ({"model": {"name": "m"}}, "model.source is required for engine kind vllm"),
         (
+            {"model": {"name": "m", "source": "pvc://w"}, "scheduler": {"policy": "rad"}},
+            "scheduler.policy rad needs engine kind sim",
+        ),
+        (
             {"model": {"name": "m", "source": "pvc://w", "secretRef": {"name": "t"}}},
             "secretRef is for hf://, s3:// and gs:// sources",
         ),

@@ -35,7 +35,7 @@ from fairpool.api.model_source import ModelUri, parse_model_uri
 from fairpool.api.placement import PlacementSpec
 from fairpool.api.scheduler_config import CostWeights, known_policy
 from fairpool.api.status import InferencePoolStatus
-from fairpool.sched.registry import ROUTERS
+from fairpool.sched.registry import ROUTERS, mixes_phases
 
 EngineKind = Literal["vllm", "sim"]
 
@@ -458,6 +458,8 @@ class InferencePoolSpec(Spec):
              "model.maxModelLen is required with placement (it sizes KV)"),
             ("!has(self.placement) || !has(self.routing.policy) || self.routing.policy == 'jffc'",
              "routing.policy must be jffc (or unset) with placement"),
+            ("self.engine.kind == 'sim' || !self.scheduler.policy.startsWith('rad')",
+             "scheduler.policy rad needs engine kind sim: vLLM cannot keep a batch to one phase"),
         )
     )  # fmt: skip
 
@@ -480,6 +482,16 @@ class InferencePoolSpec(Spec):
     def _vllm_needs_weights(self) -> InferencePoolSpec:
         if self.engine.kind == "vllm" and self.model.source is None:
             raise ValueError("model.source is required for engine kind vllm")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_batches_mix_phases(self) -> InferencePoolSpec:
+        """vLLM decodes its running requests in every batch; a policy that keeps a batch to
+        one phase (RAD) runs only on the simulated engine (docs/scheduling.md)."""
+        if self.engine.kind == "vllm" and not mixes_phases(self.scheduler.policy):
+            raise ValueError(
+                "scheduler.policy rad needs engine kind sim: vLLM cannot keep a batch to one phase"
+            )
         return self
 
     @property

@@ -38,9 +38,6 @@ class Estimate:
         """The whole interval lies above `value`."""
         return self.low > value
 
-    def below(self, value: float) -> bool:
-        return self.high < value
-
     def format(self, digits: int = 2, unit: str = "") -> str:
         if self.n < 2:
             return f"{self.mean:,.{digits}f}{unit}"
@@ -58,8 +55,3 @@ def estimate(values: Iterable[float]) -> Estimate:
     spread = statistics.stdev(sample) / len(sample) ** 0.5
     quantile = float(student_t.ppf(0.5 + LEVEL / 2, len(sample) - 1))
     return Estimate(mean, quantile * spread, len(sample))
-
-
-def disjoint(first: Estimate, second: Estimate) -> bool:
-    """The two intervals do not overlap (a conservative test of a difference)."""
-    return first.high < second.low or second.high < first.low

@@ -9,16 +9,10 @@ Run as `python burst_run.py MODEL_DIR POLICY` (vLLM's CPU build; POLICY `vtc` or
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-from pathlib import Path
 
-os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-
-from vllm import LLM, SamplingParams
-
-from fairpool_engine.vllm.scheduler import FairSchedulingMixin
+from in_process import fair_engine
+from vllm import SamplingParams
 
 FLOOD = 32
 LIGHT = 8
@@ -26,18 +20,13 @@ WEIGHTS = {"flood": 1.0, "light": 2.0}
 
 
 def main(model: str, policy: str) -> None:
-    config = Path(tempfile.mkdtemp()) / "scheduler.json"
     fields = {"policy": policy, "tenants": WEIGHTS, "cost": {"outputWeight": 2}}
-    config.write_text(json.dumps(fields if policy != "fcfs" else {"policy": "fcfs"}))
-    os.environ["FAIRPOOL_SCHEDULER_CONFIG"] = str(config)
-    llm = LLM(
-        model=model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-        max_num_seqs=2, max_num_batched_tokens=1024, kv_cache_memory_bytes=64 << 20,
-        scheduler_cls="fairpool_engine.vllm.scheduler.FairScheduler",
-    )  # fmt: skip
-    engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
-    assert isinstance(scheduler, FairSchedulingMixin)
+    engine, scheduler = fair_engine(
+        model,
+        fields if policy != "fcfs" else {"policy": "fcfs"},
+        max_num_seqs=2,
+        kv_cache_memory_bytes=64 << 20,
+    )
 
     def add(tenant: str, index: int) -> None:
         params = SamplingParams(

@@ -8,37 +8,24 @@ Run as `python hit_tracking_run.py MODEL_DIR` (vLLM's CPU build).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 
-os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-
-from vllm import LLM, SamplingParams
+from in_process import fair_engine
+from vllm import SamplingParams
 
 from fairpool.sched.policy import LocalPolicy
 from fairpool_engine.vllm import compat
-from fairpool_engine.vllm.scheduler import FairSchedulingMixin
 
 TENANTS = 6
 STEPS = 300
 
 
 def main(model: str) -> None:
-    config = Path(tempfile.mkdtemp()) / "scheduler.json"
-    config.write_text(json.dumps({"policy": "dlpm", "quantum": 256}))
-    os.environ["FAIRPOOL_SCHEDULER_CONFIG"] = str(config)
     # 2 MiB of KV is 16 blocks of 128 tokens: prefixes are evicted and stored again.
-    llm = LLM(
-        model=model, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0,
-        max_num_seqs=4, max_num_batched_tokens=1024, kv_cache_memory_bytes=2 << 20,
-        scheduler_cls="fairpool_engine.vllm.scheduler.FairScheduler",
-    )  # fmt: skip
-    engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
-    assert isinstance(scheduler, FairSchedulingMixin)
+    engine, scheduler = fair_engine(
+        model, {"policy": "dlpm", "quantum": 256}, max_num_seqs=4, kv_cache_memory_bytes=2 << 20
+    )
     counts: Counter[str] = Counter()
 
     def check_followed_hits() -> None:

@@ -378,16 +378,13 @@ def test_theorem_3_4_gbp_cr_is_optimal_under_homogeneous_memory(
 # --- GCA on any placement ---------------------------------------------------------------------
 
 
-@st.composite
-def placed_problems(draw: st.DrawFn) -> tuple[ChainProblem, Placement]:
-    """Random servers and a random contiguous placement that fits their memory."""
-    layers = draw(st.integers(1, 6))
-    count = draw(st.integers(1, 6))
-    slot = draw(st.integers(1, 3))
+def problem_from_blocks(
+    draw: st.DrawFn, layers: int, slot: int, blocks: list[tuple[int, int]]
+) -> tuple[ChainProblem, Placement]:
+    """One server per (first layer, size) block, with memory for its layers and a random
+    number of slots, a random speed and a random number of GPUs."""
     servers, first_layer, hosted = [], {}, {}
-    for j in range(count):
-        first = draw(st.integers(1, layers))
-        size = draw(st.integers(1, layers - first + 1))
+    for j, (first, size) in enumerate(blocks):
         memory = 10 * size + slot * draw(st.integers(0, 12))
         servers.append(
             Server(f"s{j}", memory, draw(st.sampled_from([0.0, 0.5, 1.0])), draw(st.integers(1, 4)))
@@ -395,6 +392,19 @@ def placed_problems(draw: st.DrawFn) -> tuple[ChainProblem, Placement]:
         first_layer[j], hosted[j] = first, size
     problem = ChainProblem(tuple(servers), layers=layers, layer_bytes=10, slot_bytes=slot)
     return problem, Placement(first_layer=first_layer, layers=hosted, chains=())
+
+
+@st.composite
+def placed_problems(draw: st.DrawFn) -> tuple[ChainProblem, Placement]:
+    """Random servers and a random contiguous placement that fits their memory."""
+    layers = draw(st.integers(1, 6))
+    count = draw(st.integers(1, 6))
+    slot = draw(st.integers(1, 3))
+    blocks = []
+    for _ in range(count):
+        first = draw(st.integers(1, layers))
+        blocks.append((first, draw(st.integers(1, layers - first + 1))))
+    return problem_from_blocks(draw, layers, slot, blocks)
 
 
 @st.composite
@@ -412,15 +422,7 @@ def covered_problems(draw: st.DrawFn) -> tuple[ChainProblem, Placement]:
     for _ in range(draw(st.integers(0, 2))):
         first = draw(st.integers(1, layers))
         blocks.append((first, draw(st.integers(1, layers - first + 1))))
-    servers, first_layer, hosted = [], {}, {}
-    for j, (first, size) in enumerate(blocks[:8]):
-        memory = 10 * size + slot * draw(st.integers(0, 12))
-        servers.append(
-            Server(f"s{j}", memory, draw(st.sampled_from([0.0, 0.5, 1.0])), draw(st.integers(1, 4)))
-        )
-        first_layer[j], hosted[j] = first, size
-    problem = ChainProblem(tuple(servers), layers=layers, layer_bytes=10, slot_bytes=slot)
-    return problem, Placement(first_layer=first_layer, layers=hosted, chains=())
+    return problem_from_blocks(draw, layers, slot, blocks[:8])
 
 
 def chain_is_valid(problem: ChainProblem, placement: Placement, chain: Chain) -> bool:

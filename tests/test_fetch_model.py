@@ -5,11 +5,13 @@ the Cloud Storage emulator, through their real client libraries."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import boto3
 import pytest
@@ -18,9 +20,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fairpool.api.inference_pool import InferencePool
-from fairpool.api.model_source import FETCH_REASONS, parse_model_uri
+from fairpool.api.model_source import FETCH_REASONS, ModelUri, parse_model_uri
 from fairpool.api.stored import stored
 from fairpool_engine.fetch import FetchError, fetch, model_directory, read_credentials
+from fairpool_engine.fetch.buckets import RECORD, StoredObject, copy_objects
+from fairpool_engine.fetch.confined import CacheDirectory
 from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.model_status import parse_termination_message
@@ -300,3 +304,210 @@ def test_objects_under_a_cloud_storage_prefix_become_the_model_directory(tmp_pat
         assert raised.value.reason == "ModelNotFound"
     finally:
         server.stop()
+
+
+# --- A cache that others write: links planted in it ---------------------------------------------
+#
+# A ReadWriteMany claim (and anything else mounted there) lets every pod write the cache, so
+# fetch-model meets entries it did not make. A link among them must never carry a read, a
+# write, a rename or a delete outside the cache: the fetch fails naming the link instead.
+
+
+def contents(root: Path) -> dict[str, bytes | None]:
+    """Every directory (None) and file (its bytes) at or below `root`."""
+    found: dict[str, bytes | None] = {}
+    for directory, _, files in os.walk(root):
+        found[os.path.relpath(directory, root)] = None
+        for name in files:
+            path = Path(directory, name)
+            found[str(path.relative_to(root))] = path.read_bytes()
+    return found
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A directory beside the cache, with what a planted link may lead to: a file as long
+    as the model's config.json (so a link to it would pass for the file already fetched)."""
+    place = tmp_path / "outside"
+    (place / "keep").mkdir(parents=True)
+    (place / "precious").write_bytes(b"x" * len(WEIGHTS["config.json"]))
+    (place / "keep" / "notes").write_bytes(b"not the cache's")
+    return place
+
+
+def replace_with_link(path: Path, target: Path) -> Path:
+    """`path` (a file, a directory or nothing) replaced by a link to `target`."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.symlink_to(target)
+    return path
+
+
+def refused(
+    uri: ModelUri, cache: Path, outside: Path, credentials: dict[str, str] | None = None
+) -> str:
+    """The message of the fetch's failure, once it is checked that nothing outside the cache
+    changed (what a fetch that follows the link writes or deletes there shows first)."""
+    before = contents(outside)
+    failure: FetchError | None = None
+    try:
+        fetch(uri, cache, credentials)
+    except FetchError as error:
+        failure = error
+    assert contents(outside) == before
+    assert failure is not None, "the planted link was not refused"
+    assert failure.reason == "FetchFailed"
+    return failure.message
+
+
+def names_the_link(message: str, planted: Path) -> bool:
+    return str(planted) in message and "symbolic link" in message
+
+
+BUCKET_PLANTS = {
+    "model directory to a directory": lambda model, outside: replace_with_link(model, outside),
+    "subdirectory to a directory": lambda model, out: replace_with_link(model / "shards", out),
+    "record to a file": lambda model, out: replace_with_link(model / RECORD, out / "precious"),
+    "record dangling": lambda model, out: replace_with_link(model / RECORD, out / "new"),
+    "weights to a file": lambda model, out: replace_with_link(
+        model / "config.json", out / "precious"
+    ),
+    "partial download dangling": lambda model, out: replace_with_link(
+        model / "shards" / "2.safetensors.partial", out / "new"
+    ),
+    "lock to a file": lambda model, out: replace_with_link(
+        model.with_name(model.name + ".lock"), out / "precious"
+    ),
+}
+
+
+@pytest.mark.parametrize("plant", BUCKET_PLANTS.values(), ids=BUCKET_PLANTS)
+def test_a_link_planted_in_a_bucket_models_directory_is_refused_and_never_followed(
+    s3, tmp_path, outside, plant
+):
+    credentials, client = s3
+    client.put_object(Bucket="models", Key="llama/config.json", Body=WEIGHTS["config.json"])
+    client.put_object(Bucket="models", Key="llama/shards/1.safetensors", Body=b"a" * 100)
+    uri = parse_model_uri("s3://models/llama")
+    cache = tmp_path / "cache"
+    planted = plant(fetch(uri, cache, credentials), outside)
+    # the next fetch writes a new file and sweeps a removed one
+    client.put_object(Bucket="models", Key="llama/shards/2.safetensors", Body=b"b" * 100)
+    client.delete_object(Bucket="models", Key="llama/shards/1.safetensors")
+    assert names_the_link(refused(uri, cache, outside, credentials), planted)
+
+
+def new_commit(hub: Hub) -> None:
+    """The repository's main branch moves to a commit with a changed config.json, so that
+    the next fetch downloads (and locks, and records the branch) again."""
+    repository = hub.repositories["org/open"]
+    repository.files["config.json"] = b'{"model_type": "llama", "v": 2}'
+    repository.branches = {"main": "e" * 40}
+
+
+def the_blob(model: Path) -> Path:
+    return (model / "config.json").resolve()
+
+
+HUB_PLANTS = {
+    "hub directory to a directory": lambda cache, model, out: replace_with_link(
+        cache / "hub", out / "keep"
+    ),
+    "snapshot file to a file": lambda cache, model, out: replace_with_link(
+        model.resolve() / "config.json", out / "precious"
+    ),
+    "blob to a file": lambda cache, model, out: replace_with_link(
+        the_blob(model), out / "precious"
+    ),
+    "ref to a file": lambda cache, model, out: replace_with_link(
+        the_blob(model).parent.parent / "refs" / "main", out / "precious"
+    ),
+    "ref dangling": lambda cache, model, out: replace_with_link(
+        the_blob(model).parent.parent / "refs" / "main", out / "new"
+    ),
+    "locks to a directory": lambda cache, model, out: replace_with_link(
+        cache / "hub" / ".locks", out / "keep"
+    ),
+    "snapshot file to a directory inside": lambda cache, model, out: replace_with_link(
+        model.resolve() / "config.json", cache / "hub"
+    ),
+}
+
+
+@pytest.mark.parametrize("plant", HUB_PLANTS.values(), ids=HUB_PLANTS)
+def test_a_link_planted_in_the_hub_layout_is_refused_and_never_followed(
+    hub, tmp_path, outside, plant
+):
+    uri = parse_model_uri("hf://org/open")
+    cache = tmp_path / "cache"
+    planted = plant(cache, fetch(uri, cache), outside)
+    new_commit(hub)
+    assert names_the_link(refused(uri, cache, outside), planted)
+
+
+def test_the_hub_layouts_own_links_are_followed_shared_blob_store_included(hub, tmp_path):
+    """huggingface_hub links a snapshot's files to its repository's blobs, and (with Xet's
+    cache-wide store) those blobs to `hub/blobs/`: relative links inside the cache, kept."""
+    uri = parse_model_uri("hf://org/open")
+    model = fetch(uri, tmp_path)
+    blob = the_blob(model)
+    shared = tmp_path / "hub" / "blobs" / "ab" / ("ab" + "0" * 62)
+    shared.parent.mkdir(parents=True)
+    blob.rename(shared)
+    blob.symlink_to(os.path.relpath(shared, blob.parent))
+    assert (model / "config.json").is_symlink()
+    assert fetch(uri, tmp_path) == model
+    assert (model / "config.json").read_bytes() == WEIGHTS["config.json"]
+
+
+def test_a_planted_link_is_a_named_failure_of_the_command_not_a_traceback(hub, tmp_path, outside):
+    cache = tmp_path / "cache"
+    fetch(parse_model_uri("hf://org/open"), cache)
+    replace_with_link(cache / "hub", outside / "keep")
+    log = tmp_path / "termination-log"
+    command = [sys.executable, "-m", "fairpool_cli", "fetch-model", "hf://org/open"]
+    command += ["--cache", str(cache), "--termination-log", str(log)]
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr
+    reason, message = parse_termination_message(log.read_text())
+    assert reason == "FetchFailed" and str(cache / "hub") in message
+    assert contents(outside / "keep") == {".": None, "notes": b"not the cache's"}
+
+
+class SwappingStore:
+    """A store whose download, once started, moves the file's directory aside and puts a
+    link to `outside` in its place: the race a check-then-use by path would lose."""
+
+    def __init__(self, directory: Path, outside: Path) -> None:
+        self.directory, self.outside = directory, outside
+
+    def objects(self) -> list[StoredObject]:
+        return [StoredObject("shards/1.safetensors", 5, "etag")]
+
+    def download(self, key: str, file: BinaryIO) -> None:
+        shards = self.directory / "shards"
+        shards.rename(self.directory.parent / "aside")
+        shards.symlink_to(self.outside / "keep")
+        file.write(b"w" * 5)
+
+    def failure(self, error: Exception) -> Exception:
+        return error
+
+
+def test_a_directory_swapped_for_a_link_mid_download_is_not_followed(tmp_path, outside):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    before = contents(outside)
+    store = SwappingStore(cache / "model", outside)
+    with (
+        CacheDirectory.root(cache) as root,
+        root.subdirectory(PurePosixPath("model")) as held,
+        pytest.raises(FetchError) as raised,
+    ):
+        copy_objects(store.objects(), store, held)
+    assert names_the_link(raised.value.message, cache / "model" / "shards")  # by the sweep
+    assert contents(outside) == before
+    # the download landed in the directory that was checked, wherever it was moved
+    assert (cache / "aside" / "1.safetensors").read_bytes() == b"w" * 5

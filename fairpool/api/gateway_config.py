@@ -37,7 +37,13 @@ from fairpool.api.common import Spec
 from fairpool.api.inference_pool import InferencePool, RoutingSpec
 from fairpool.api.manifests import Manifests
 from fairpool.api.scheduler_config import CostWeights
-from fairpool.api.tenant_quota import SecretKeyRef, ServiceLevel, TenantLimits, TenantQuota
+from fairpool.api.tenant_quota import (
+    SecretKeyRef,
+    ServiceLevel,
+    TenantId,
+    TenantLimits,
+    TenantQuota,
+)
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import weighs_tenants
@@ -190,7 +196,10 @@ class GatewayPool(Spec):
 
 
 class GatewayTenant(Spec):
-    tenant: str = Field(min_length=1, description="Tenant id.")
+    tenant: TenantId = Field(
+        description="Tenant id, as a TenantQuota's spec.tenant: it is part of the shared "
+        "state's Redis keys, which a `{`, `}` or `:` in it would change."
+    )
     weight: float = Field(default=1.0, gt=0, description="Share of service.")
     pools: list[str] = Field(default_factory=list, description="Pools allowed; empty: all.")
     api_key_sha256: list[str] = Field(

@@ -17,14 +17,37 @@ spec:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from fairpool.api.common import DNS_LABEL, Metadata, Spec
 from fairpool.api.status import TenantQuotaStatus
+from fairpool.sched.errors import ConfigError
 
 SloClass = Literal["interactive", "standard", "batch"]
+
+#: A tenant id: what a TenantQuota's `spec.tenant` (and its default, the resource's name)
+#: may be, an RFC 1123 label. Every other place a tenant is named (the gateway's tenant
+#: table, traces, the simulator's and the load generator's flags) takes it from here: the
+#: gateway builds Redis keys as `prefix:{tenant}:...`, the braces a Redis Cluster hash tag,
+#: so a `{`, `}` or `:` in a tenant would change which keys hold whose state.
+TenantId = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+TENANT_ID_RULE = (
+    "lowercase letters, digits and '-', starting and ending with a letter or digit, "
+    "at most 63 characters"
+)
+_TENANT_ID: TypeAdapter[str] = TypeAdapter(TenantId)
+
+
+def tenant_id(name: object, where: str, error: type[ConfigError] = ConfigError) -> str:
+    """`name` if it is a tenant id, else `error` naming `where`: for the places that name
+    tenants outside a pydantic model, with the rule the models use."""
+    try:
+        return _TENANT_ID.validate_python(name, strict=True)
+    except ValidationError:
+        problem = f"must be a tenant id, as a TenantQuota's spec.tenant ({TENANT_ID_RULE})"
+        raise error(where, f"{problem}, got {name!r}") from None
 
 
 class SecretKeyRef(Spec):
@@ -81,11 +104,8 @@ class ServiceLevel(Spec):
 
 
 class TenantQuotaSpec(Spec):
-    tenant: str | None = Field(
+    tenant: TenantId | None = Field(
         default=None,
-        min_length=1,
-        max_length=63,
-        pattern=DNS_LABEL,
         description="Tenant id used in metrics and by the engines' schedulers; "
         "default: the resource's name.",
     )

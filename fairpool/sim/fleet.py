@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fairpool.api.inference_pool import Saturation
-from fairpool.api.tenant_quota import TenantLimits
+from fairpool.api.tenant_quota import TenantLimits, tenant_id
 from fairpool.front import (
     FairQueue,
     Flight,
@@ -161,6 +161,7 @@ class ClosedLoop:
     think_time: float = 0.0
 
     def __post_init__(self) -> None:
+        tenant_id(self.tenant, "tenant")
         require_count("streams", self.streams, minimum=1)
         require_count("prefix", self.prefix)
         require_count("question", self.question, minimum=1)

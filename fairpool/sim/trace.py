@@ -4,7 +4,9 @@
      "output_tokens": 200, "max_tokens": 512, "slo": {"tbt": 0.1, "ttft": 1.0}}
 
 - `t`: arrival, seconds from the start (non-decreasing is not required; we sort).
-- `tenant`: who sends it.
+- `tenant`: who sends it: a tenant id, as a TenantQuota's `spec.tenant` (lowercase
+  letters, digits and '-', at most 63 characters), so that a trace names tenants a
+  gateway could have.
 - `segments`: the prompt, as consecutive `[name, length]` pieces. Equal names mean
   identical tokens — a segment named `sys-a` is the same text wherever it appears, and a
   shorter use of a name is a prefix of a longer one, so growing chat histories can reuse
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from fairpool.api.tenant_quota import tenant_id
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.requests import SLO
 
@@ -88,9 +91,7 @@ def parse_request(record: object, where: str = "request") -> TraceRequest:
     t = record.get("t")
     if isinstance(t, bool) or not isinstance(t, int | float) or not t >= 0:
         raise fail("t", f"must be a number >= 0, got {t!r}")
-    tenant = record.get("tenant")
-    if not isinstance(tenant, str) or not tenant:
-        raise fail("tenant", f"must be a non-empty string, got {tenant!r}")
+    tenant = tenant_id(record.get("tenant"), f"{where}: tenant", TraceError)
     raw_segments = record.get("segments")
     if not isinstance(raw_segments, list) or not raw_segments:
         raise fail("segments", "must be a non-empty list of [name, length] pairs")

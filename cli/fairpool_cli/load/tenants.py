@@ -4,7 +4,8 @@ and Secret manifests of `--keys-from` (keys and weights), and a trace's tenant n
     --tenant flood:key=sk-flood,weight=1,rate=20
     --tenant light:key=sk-light,weight=2,concurrency=4,output-tokens=16
 
-Every part is named; errors name the flag (or the file and entry) and the part.
+Every part is named; errors name the flag (or the file and entry) and the part. A name is
+a tenant id, as a TenantQuota's `spec.tenant`: the run's tenants are the gateway's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from fairpool.api.tenant_quota import tenant_id
 from fairpool.sched.errors import ConfigError
 from fairpool_cli.load.spec import TenantSpec
 
@@ -37,6 +39,7 @@ def parse_tenant_flag(text: str) -> tuple[str, Fields]:
     name = name.strip()
     if not name:
         raise ConfigError("--tenant", f"expected NAME:PART=VALUE,..., got {text!r}")
+    tenant_id(name, "--tenant")
     where = f"--tenant {name}"
     fields: Fields = {}
     for part in (piece.strip() for piece in rest.split(",") if piece.strip()):
@@ -70,9 +73,7 @@ def read_tenants_file(path: str | Path) -> list[tuple[str, Fields]]:
 def _file_entry(entry: object, where: str) -> tuple[str, Fields]:
     if not isinstance(entry, dict):
         raise ConfigError(where, f"must be a mapping, got {entry!r}")
-    name = entry.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{where}.name", f"must be a non-empty string, got {name!r}")
+    name = tenant_id(entry.get("name"), f"{where}.name")
     fields: Fields = {}
     for label, value in entry.items():
         if label != "name":

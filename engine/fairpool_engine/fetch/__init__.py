@@ -5,9 +5,12 @@ and `fairpool up`).
 The weights of a source land in `<cache>/<ModelUri.cache_name>`, the directory the engine
 is told to load. Fetching is idempotent and safe to run from several pods on one shared
 cache at once: files already there are not downloaded again, and concurrent fetches of
-the same source wait for each other (file locks in the cache). A failure is a `FetchError`
-whose `reason` names the cause (`GatedModel`, `RevisionNotFound`, ...): the init container
-writes it as its termination message, where the operator reads it into the pool's status.
+the same source wait for each other (file locks in the cache). As others may write the
+cache too, a symbolic link met in it is never followed out of it (`confined`, and
+`hub.check_hub` for the Hub's own layout of links): the fetch fails naming it. A failure
+is a `FetchError` whose `reason` names the cause (`GatedModel`, `RevisionNotFound`, ...):
+the init container writes it as its termination message, where the operator reads it into
+the pool's status.
 """
 
 from __future__ import annotations

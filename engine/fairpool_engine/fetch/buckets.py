@@ -5,21 +5,23 @@ only lists and downloads one object (`Store`).
 Already-fetched files are kept when the store reports the same size and ETag for them
 (recorded in `.fairpool-objects.json` next to the files); files the store no longer
 holds are removed. Concurrent fetches of one source wait on a lock file in the cache.
+Fetching makes no link, so every link met in the model directory (or in its place, or in
+the lock's) is someone else's: it is refused and named, never followed (`confined`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Mapping
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
-
-from filelock import FileLock
+from typing import Any, BinaryIO, Protocol
 
 from fairpool.api.model_source import ModelUri
 from fairpool_engine.fetch import FetchError, model_directory
+from fairpool_engine.fetch.confined import CacheDirectory
 
 #: What the model directory records of the objects it holds.
 RECORD = ".fairpool-objects.json"
@@ -36,7 +38,10 @@ class Store(Protocol):
     """One object store, for one source."""
 
     def objects(self) -> list[StoredObject]: ...
-    def download(self, key: str, target: Path) -> None: ...
+    def download(self, key: str, file: BinaryIO) -> None:
+        """Writes the object `key` into `file` (opened by the caller, inside the cache)."""
+        ...
+
     def failure(self, error: Exception) -> Exception:
         """`error` of the store's library as a FetchError naming its cause."""
         ...
@@ -44,14 +49,15 @@ class Store(Protocol):
 
 def fetch_from_bucket(uri: ModelUri, cache: Path, credentials: Mapping[str, str] | None) -> Path:
     directory = model_directory(cache, uri)
-    with FileLock(str(directory) + ".lock"):
+    with CacheDirectory.root(cache) as root, root.locked(directory.name + ".lock"):
         store: Store | None = None
         try:
             store = S3Store(uri, credentials) if uri.scheme == "s3" else GcsStore(uri, credentials)
             objects = store.objects()
             if not objects:
                 raise FetchError("ModelNotFound", f"no objects under {uri}")
-            copy_objects(objects, store.download, directory)
+            with root.subdirectory(PurePosixPath(directory.name)) as held:
+                copy_objects(objects, store, held)
         except (FetchError, OSError):
             raise
         except Exception as error:
@@ -61,31 +67,55 @@ def fetch_from_bucket(uri: ModelUri, cache: Path, credentials: Mapping[str, str]
     return directory
 
 
-def copy_objects(
-    objects: list[StoredObject], download: Callable[[str, Path], None], directory: Path
-) -> None:
+def copy_objects(objects: list[StoredObject], store: Store, directory: CacheDirectory) -> None:
     """Makes `directory` hold exactly `objects`, downloading those it does not hold yet."""
-    directory.mkdir(parents=True, exist_ok=True)
-    record_path = directory / RECORD
-    try:
-        held = json.loads(record_path.read_text())
-    except (OSError, ValueError):
-        held = {}
+    held = _read_record(directory)
     record: dict[str, list[object]] = {}
     for item in objects:
-        target = directory / _safe_relative(item.key)
-        same = held.get(item.key) == [item.size, item.etag]
-        if not (same and target.is_file() and target.stat().st_size == item.size):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + ".partial")
-            download(item.key, partial)
-            os.replace(partial, target)
+        relative = _safe_relative(item.key)
+        with directory.subdirectory(relative.parent) as parent:
+            if not _kept(parent, relative.name, item, held.get(item.key)):
+                parent.write(relative.name, partial(store.download, item.key))
         record[item.key] = [item.size, item.etag]
-        record_path.write_text(json.dumps(record))  # progress survives an interruption
-    wanted = {directory / _safe_relative(item.key) for item in objects}
-    for path in sorted(directory.rglob("*"), reverse=True):
-        if path.is_file() and path != record_path and path not in wanted:
-            path.unlink()
+        directory.write(RECORD, partial(_write_json, record))  # progress survives a stop
+    _sweep(directory, {_safe_relative(item.key) for item in objects} | {PurePosixPath(RECORD)})
+
+
+def _write_json(value: object, file: BinaryIO) -> None:
+    file.write(json.dumps(value).encode())
+
+
+def _read_record(directory: CacheDirectory) -> dict[str, Any]:
+    """What the last fetch recorded of the objects it copied (nothing when unreadable)."""
+    try:
+        held = json.loads(directory.read(RECORD) or b"{}")
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _kept(parent: CacheDirectory, name: str, item: StoredObject, recorded: object) -> bool:
+    """Whether `name` is `item` already: recorded with its size and ETag, and a regular
+    file of that size."""
+    status = parent.entry(name)
+    return (
+        recorded == [item.size, item.etag]
+        and status is not None
+        and stat.S_ISREG(status.st_mode)
+        and status.st_size == item.size
+    )
+
+
+def _sweep(directory: CacheDirectory, wanted: set[PurePosixPath], here: str = "") -> None:
+    """Removes what `directory` holds (at any depth) that is not `wanted`. Directories are
+    entered through their descriptors and every unlink is relative to one, so nothing
+    outside the model directory can be removed, whatever is swapped in meanwhile."""
+    for name, is_directory in directory.names():
+        if is_directory:
+            with directory.subdirectory(PurePosixPath(name), create=False) as below:
+                _sweep(below, wanted, f"{here}{name}/")
+        elif PurePosixPath(here + name) not in wanted:
+            directory.remove(name)
 
 
 def _safe_relative(key: str) -> PurePosixPath:
@@ -125,8 +155,8 @@ class S3Store:
                     found.append(StoredObject(key, int(item["Size"]), str(item["ETag"])))
         return found
 
-    def download(self, key: str, target: Path) -> None:
-        self.client.download_file(self.uri.location, self.prefix + key, str(target))
+    def download(self, key: str, file: BinaryIO) -> None:
+        self.client.download_fileobj(self.uri.location, self.prefix + key, file)
 
     def failure(self, error: Exception) -> Exception:
         from botocore.exceptions import ClientError, NoCredentialsError
@@ -163,8 +193,8 @@ class GcsStore:
             for key, blob in self.blobs.items()
         ]
 
-    def download(self, key: str, target: Path) -> None:
-        self.blobs[key].download_to_filename(str(target))
+    def download(self, key: str, file: BinaryIO) -> None:
+        self.blobs[key].download_to_file(file)
 
     def failure(self, error: Exception) -> Exception:
         from google.api_core import exceptions

@@ -1,15 +1,25 @@
 """Fetching `hf://` sources with `huggingface_hub` into its own cache layout under
-`<cache>/hub`, and linking the snapshot of the requested revision as the model directory."""
+`<cache>/hub`, and linking the snapshot of the requested revision as the model directory.
+
+That layout is made of links: a snapshot's files link to their repository's blobs, and
+(with Xet's cache-wide store) a blob may link to `hub/blobs/`. All are relative and end at
+a file inside `hub/`. huggingface_hub opens its files by path, following links, so before it
+runs (and again before the engine is pointed at the snapshot) every link under `hub/` is
+checked to be one of that kind (`check_hub`); any other — out of the cache, to a
+directory — is someone else's, and the fetch fails naming it.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from fairpool.api.model_source import ModelUri
 from fairpool_engine.fetch import FetchError, model_directory
+from fairpool_engine.fetch.confined import planted
 
 
 def fetch_from_hub(uri: ModelUri, cache: Path, credentials: Mapping[str, str] | None) -> Path:
@@ -19,17 +29,64 @@ def fetch_from_hub(uri: ModelUri, cache: Path, credentials: Mapping[str, str] | 
     from huggingface_hub import snapshot_download
 
     token = (credentials or {}).get("HF_TOKEN") or None
+    hub = Path(os.path.abspath(cache)) / "hub"
+    check_hub(hub)
     try:
         snapshot = snapshot_download(
             uri.location,
             revision=uri.revision,
-            cache_dir=cache / "hub",
+            cache_dir=hub,
             token=token,
             endpoint=os.environ.get("HF_ENDPOINT") or None,
         )
     except Exception as error:
         raise hub_error(uri, error, token is not None) from error
+    check_hub(hub)
     return link(model_directory(cache, uri), Path(snapshot))
+
+
+def check_hub(hub: Path) -> None:
+    """Refuses (naming it) a link under `hub` that huggingface_hub would not have made:
+    `hub` itself a link, a link out of `hub`, or a link to a directory. Each link is judged
+    by its own target, one step: as every link on a chain is judged, a chain that starts
+    inside stays inside; and as no directory inside is a link, `..` in a target means what
+    it says."""
+    if os.path.islink(hub):
+        raise planted(hub)
+    for found in links_below(hub):
+        try:
+            target = Path(os.path.normpath(found.parent / os.readlink(found)))
+        except FileNotFoundError:
+            continue  # gone meanwhile (another pod's fetch tidying up)
+        if not target.is_relative_to(hub):
+            raise planted(found, f" to {target} (outside the cache's hub/)")
+        if _is_directory(target):
+            raise planted(found, f" to {target} (a directory)")
+
+
+def _is_directory(path: Path) -> bool:
+    """Whether `path` is a real directory (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def links_below(directory: Path) -> Iterator[Path]:
+    """Every symbolic link below `directory`, found without following one (an entry that
+    goes while it is looked at is passed over: huggingface_hub renames and removes its
+    temporary files)."""
+    try:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        path = Path(entry.path)
+        if entry.is_symlink():
+            yield path
+        elif entry.is_dir(follow_symlinks=False):
+            yield from links_below(path)
 
 
 def hub_error(uri: ModelUri, error: Exception, had_token: bool) -> Exception:

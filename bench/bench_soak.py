@@ -1,10 +1,11 @@
 """A soak of the gateway: good and hostile traffic at once for `--duration` seconds (600),
 with the gateway's RSS and its slot counts sampled every second.
 
-Everything runs on this machine: two `fairpool engine-sim` workers (`python -m
-fairpool_cli engine-sim`, `--speedup 10`) and the gateway (`python -m fairpool_cli
-gateway --config FILE`), each a process of its own; this process sends the traffic and
-samples.
+Everything runs on this machine: a Valkey server (the shared state, which the gateway
+uses as its replicas would), two `fairpool engine-sim` workers (`python -m fairpool_cli
+engine-sim`, `--speedup 10`, 4,096-dimension embeddings) and the gateway (`python -m
+fairpool_cli gateway --config FILE`), each a process of its own; this process sends the
+traffic and samples.
 
 - **Good tenants** (`alpha`, weight 1; `beta`, weight 2), with the load generator's parts
   (`fairpool_cli.load`: `Sender`, `open_loop` at seeded Poisson times, `closed_loop`):
@@ -12,17 +13,26 @@ samples.
   streamed chat completion, completion or response, or an embedding, in turn, with up to
   64 output tokens. Their outcomes are counted by status (`200`, `limited` for 429,
   `connection`, `stream`, ...: `fairpool_cli.load.request`).
-- **Hostile clients**, a few of each kind running side by side, as the tenant `mallory`
-  (its own key and limits: 8 concurrent, 6,000 requests and 2 million tokens a minute)
-  or with no key: malformed bodies (not JSON, wrong types, not UTF-8, lone surrogates in
-  the prompt); oversized bodies (announced past `maxRequestBytes`, huge arrays) and deeply
-  nested JSON; slowloris headers (a byte every half second, never ending); bodies that
-  never complete; streams never read; clients that disconnect mid-stream; bursts over
-  the tenant's concurrency limit (16 streams at once). Each attempt's outcome is counted
-  by kind: the status answered, `closed` (the gateway closed the connection without an
-  answer: its header deadline), `cut` (a stream the gateway ended early: its write
-  deadline), `left` (the client hung up first, on purpose), `read late` (a stream read
-  only after a stall of three write deadlines, and whole).
+- **Hostile clients**, a few of each kind running side by side, each kind as a tenant of
+  its own (`mallory-<kind>`: 8 concurrent, 6,000 requests and 2 million tokens a minute;
+  so that one kind's refusal storm, which the gateway damps per tenant, does not hide
+  another's) or with no key, from a loopback address of their own (127.0.0.2): malformed
+  bodies (not JSON, wrong types, not UTF-8, lone surrogates in the prompt, `n` and
+  `prompt_logprobs` as strings, floats or negatives, `max_tokens` of 10^9, 400 KB of
+  `tools`); oversized bodies (announced past `maxRequestBytes`, huge arrays) and deeply
+  nested JSON; 4 MB bodies of empty lists and of short strings; slowloris headers (a byte
+  every half second, never ending); bodies that never complete; half-sent 4 MB bodies, 20
+  at once; streams never read; clients that disconnect mid-stream; bursts over the
+  tenant's concurrency limit (16 streams at once, all with the same `x-request-id`);
+  idle connections by the thousand; embeddings requests whose answers exceed
+  `maxAnswerBytes`; a tenant allowed one request a minute retrying its 429s with no
+  back-off; and entries forged into the shared state (a report of a replica that is not
+  live, charges of 1e300 and NaN, a token bucket that is not a number). Each attempt's
+  outcome is counted by kind: the status answered, `closed`/`reset` (the gateway ended
+  the connection without an answer: its deadlines, its budgets), `cut` (a stream the
+  gateway ended early: its write deadline), `left` (the client hung up first, on
+  purpose), `read late` (a stream read only after a stall of three write deadlines, and
+  whole).
 - **Samples**, every second, during the load and while it drains afterwards: the
   gateway's resident memory (VmRSS from /proc/PID/status) and open file descriptors,
   and from its admin API the fair queue's length, each worker's outstanding requests, the
@@ -31,7 +41,9 @@ samples.
   request's prompt is new text, so the tree fills up to its bound, then forgets).
 
 The gateway's client deadlines are short (`headerTimeout` 2 s, `bodyTimeout` 5 s,
-`writeTimeout` 5 s) so that hostile connections reach them often. Inputs that show the
+`writeTimeout` 5 s) and its answer cap 1 MiB (`maxAnswerBytes`) so that hostile
+connections reach them often; its other bounds are the defaults. The soak fails if a good
+request got a 5xx or lost its connection. Inputs that show the
 known findings of the fuzz tier (tests/test_gateway_fuzz_findings.py: a lone surrogate in
 `model`, a token id past 64 bits) are not sent.
 
@@ -64,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -91,22 +104,35 @@ from fairpool_cli.load import (
     open_loop,
     poisson,
 )
+from fairpool_cli.local.store import LocalStore
 
 MODEL = "sim"
 MAX_MODEL_LEN = 4096
 MAX_REQUEST_BYTES = 4 << 20
 GOOD = {"alpha": 1.0, "beta": 2.0}
 HOSTILE = "mallory"
-#: the hostile tenant's limits: room for its other kinds' requests to reach the engines,
-#: and a concurrency its bursts (`BURST` streams at once) go past
+#: each hostile kind's tenant's limits: room for its requests to reach the engines, and a
+#: concurrency its bursts (`BURST` streams at once) go past
 HOSTILE_LIMITS = {
     "concurrent": 8,
     "requestsPerMinute": 6000,
     "tokensPerMinute": 2_000_000,
     "queued": 8,
 }
+STORM = "storm"
+STORM_LIMITS = {"requestsPerMinute": 1}
 BURST = 16
-CLIENTS = {"headerTimeout": 2.0, "bodyTimeout": 5.0, "writeTimeout": 5.0}
+CLIENTS = {
+    "headerTimeout": 2.0,
+    "bodyTimeout": 5.0,
+    "writeTimeout": 5.0,
+    "maxAnswerBytes": 1 << 20,
+}
+#: The hostile kinds' addresses: each its own, 127.0.0.2 and on (a kind that holds its
+#: address's connections, as idle connections do, must not hold another kind's).
+FIRST_ATTACKER = 2
+EMBEDDING_DIM = 4096
+IDLE_CONNECTIONS = 2000
 APIS = ("chat", "completions", "responses", "embeddings")
 VOCABULARY = (
     "harbour tide crane vessel cargo berth pilot anchor quay ledger manifest customs "
@@ -119,11 +145,17 @@ HOSTILE_KINDS = {
     "malformed": (2, 0.2),
     "oversized": (1, 0.5),
     "deep nesting": (1, 0.5),
+    "array and string bombs": (2, 0.2),
     "slowloris": (4, 0.0),
     "body never completes": (2, 0.0),
-    "stream never read": (2, 0.0),
+    "half-sent bodies": (20, 0.0),
+    "stream never read": (4, 0.0),
     "disconnect mid-stream": (2, 0.2),
     "over the limits": (1, 1.0),
+    "idle connections": (1, 0.0),
+    "huge answers": (1, 1.0),
+    "retry storm": (4, 0.0),
+    "forged shared state": (1, 0.5),
 }
 DRAIN_LIMIT = 60.0  # seconds the sampler waits, after the load, for the slots to empty
 ATTEMPT_LIMIT = 60.0  # seconds a hostile attempt may take before it counts as `hung`
@@ -140,23 +172,39 @@ def say(message: str) -> None:
 # ---------------------------------------------------------------------- processes
 
 
-def gateway_document(port: int, admin_port: int, workers: list[str]) -> dict[str, Any]:
+def attacker(kind: str) -> str:
+    """The loopback address a hostile kind sends from."""
+    index = list(HOSTILE_KINDS).index(kind) if kind in HOSTILE_KINDS else 0
+    return f"127.0.0.{FIRST_ATTACKER + index}"
+
+
+def hostile_tenant(kind: str) -> str:
+    """The tenant a hostile kind sends as (its refusals are damped on their own)."""
+    return f"{HOSTILE}-{kind.replace(' ', '-')}"
+
+
+def gateway_document(port: int, admin_port: int, workers: list[str], store: str) -> dict[str, Any]:
     tenants = [
         {"tenant": name, "weight": weight, "apiKeySha256": [key_digest(key(name))]}
         for name, weight in GOOD.items()
     ]
-    tenants.append(
+    tenants += [
         {
-            "tenant": HOSTILE,
+            "tenant": hostile_tenant(kind),
             "weight": 1.0,
-            "apiKeySha256": [key_digest(key(HOSTILE))],
+            "apiKeySha256": [key_digest(key(hostile_tenant(kind)))],
             "limits": HOSTILE_LIMITS,
         }
+        for kind in HOSTILE_KINDS
+    ]
+    tenants.append(
+        {"tenant": STORM, "apiKeySha256": [key_digest(key(STORM))], "limits": STORM_LIMITS}
     )
     document = {
         "listen": {"host": HOST, "port": port},
         "admin": {"host": HOST, "port": admin_port},
         "clients": CLIENTS,
+        "sharedState": {"url": store, "replicas": 1, "timeoutSeconds": 2.0},
         "maxRequestBytes": MAX_REQUEST_BYTES,
         "pools": [
             {
@@ -179,17 +227,20 @@ class Gateway:
     process: Process
     url: str
     admin_url: str
+    store_port: int
     config: dict[str, Any]
 
 
-def start_gateway(workers: list[str], logs: Path) -> Gateway:
+def start_gateway(workers: list[str], store: LocalStore, logs: Path) -> Gateway:
     port, admin_port = free_port(), free_port()
-    config = gateway_document(port, admin_port, workers)
+    config = gateway_document(port, admin_port, workers, store.url)
     path = logs / "gateway.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     command = [sys.executable, "-m", "fairpool_cli", "gateway", "--config", str(path)]
     process = spawn("gateway", command, None, logs)
-    gateway = Gateway(process, f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}", config)
+    gateway = Gateway(
+        process, f"http://{HOST}:{port}", f"http://{HOST}:{admin_port}", store.port, config
+    )
 
     def serving() -> bool:
         body = {"model": MODEL, "prompt": "Ready?", "max_tokens": 1}
@@ -285,11 +336,12 @@ class Raw:
         self.received = bytearray()
 
     @classmethod
-    async def open(cls, url: str, receive_buffer: int | None = None) -> Raw:
+    async def open(cls, url: str, receive_buffer: int | None = None, kind: str = "") -> Raw:
         host, port = url.removeprefix("http://").split(":")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if receive_buffer is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.bind((attacker(kind), 0))
         sock.setblocking(False)
         try:
             await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
@@ -331,7 +383,8 @@ class Raw:
 
     async def answer(self) -> str:
         """Read until the answer is whole (or the connection closes): its status,
-        `closed` if the gateway closed without one, `cut` if a stream ended early."""
+        `closed` if the gateway closed (or reset) without one, `cut` if a stream ended
+        early."""
         while (status := self.whole()) is None:
             if not await self.read_some():
                 head, found, _ = bytes(self.received).partition(b"\r\n\r\n")
@@ -348,10 +401,13 @@ class Raw:
         self.writer.close()
 
 
-def post(path: str, body: bytes, tenant: str | None = HOSTILE, length: int | None = None) -> bytes:
+def post(
+    path: str, body: bytes, tenant: str | None, length: int | None = None, extra: str = ""
+) -> bytes:
     head = f"POST {path} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
     if tenant is not None:
         head += f"Authorization: Bearer {key(tenant)}\r\n"
+    head += extra
     head += f"Content-Length: {len(body) if length is None else length}\r\n\r\n"
     return head.encode() + body
 
@@ -390,6 +446,16 @@ def malformed_body(draw: random.Random) -> tuple[str, bytes]:
         b'{"model": "sim", "prompt": "x\xff\xfey", "max_tokens": 2}',  # not UTF-8
         b'{"model": "sim", "input": [{"role": 7}]}',
         b'{"model": "nowhere", "prompt": "x"}',
+        # types the engine coerces, and what they would buy: capped as the engine reads them
+        b'{"model": "sim", "prompt": "x", "n": "100"}',
+        b'{"model": "sim", "prompt": "x", "n": 9.0}',
+        b'{"model": "sim", "prompt": "x", "prompt_logprobs": -1}',
+        b'{"model": "sim", "prompt": "x", "max_tokens": 1000000000}',
+        # input outside the text: counted against tokens per minute
+        b'{"model": "sim", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, '
+        b'"tools": [{"type": "function", "function": {"name": "f", "description": "'
+        + b"d" * 400_000
+        + b'"}}]}',
     ]
     return path, draw.choice(bodies)
 
@@ -397,41 +463,49 @@ def malformed_body(draw: random.Random) -> tuple[str, bytes]:
 async def attempt(kind: str, gateway: Gateway, draw: random.Random) -> str:
     """One hostile attempt of `kind`; its outcome."""
     url = gateway.url
+    me = hostile_tenant(kind)
     if kind == "malformed":
         path, body = malformed_body(draw)
-        raw = await Raw.open(url)
+        raw = await Raw.open(url, kind=kind)
         try:
-            tenant = draw.choice([HOSTILE, HOSTILE, None])  # a third without a key
+            tenant = draw.choice([me, me, None])  # a third without a key
             await raw.send(post(path, body, tenant))
             return await raw.answer()
         finally:
             raw.close()
     if kind == "oversized":
-        raw = await Raw.open(url)
+        raw = await Raw.open(url, kind=kind)
         try:
             if draw.random() < 0.5:  # announced past maxRequestBytes: refused on its headers
-                head = post("/v1/completions", b"", length=MAX_REQUEST_BYTES * 2)
+                head = post("/v1/completions", b"", me, length=MAX_REQUEST_BYTES * 2)
                 await raw.send(head + b'{"model": "sim", "prompt": "' + b"x" * 65536)
             else:  # a huge array: past maxJsonObjects
                 items = b",".join([b'{"role":"user","content":""}'] * 30_000)
                 body = b'{"model": "sim", "messages": [' + items + b"]}"
-                await raw.send(post("/v1/chat/completions", body))
+                await raw.send(post("/v1/chat/completions", body, me))
             return await raw.answer()
         finally:
             raw.close()
     if kind == "deep nesting":
         depth = draw.choice([65, 1000, 50_000])
         body = b'{"model": "sim", "prompt": "x", "x": ' + b"[" * depth + b"]" * depth + b"}"
-        raw = await Raw.open(url)
+        raw = await Raw.open(url, kind=kind)
         try:
-            await raw.send(post("/v1/completions", body))
+            await raw.send(post("/v1/completions", body, me))
+            return await raw.answer()
+        finally:
+            raw.close()
+    if kind == "array and string bombs":
+        raw = await Raw.open(url, kind=kind)
+        try:
+            await raw.send(post("/v1/completions", draw.choice(BOMBS), me))
             return await raw.answer()
         finally:
             raw.close()
     if kind == "slowloris":
-        raw = await Raw.open(url)
+        raw = await Raw.open(url, kind=kind)
         try:
-            head = post("/v1/chat/completions", b"")[:-4] + b"\r\nX-Slow: " + b"z" * 1000
+            head = post("/v1/chat/completions", b"", me)[:-4] + b"\r\nX-Slow: " + b"z" * 1000
             for byte in range(len(head)):
                 if not await raw.send(head[byte : byte + 1]):
                     break
@@ -440,17 +514,25 @@ async def attempt(kind: str, gateway: Gateway, draw: random.Random) -> str:
         finally:
             raw.close()
     if kind == "body never completes":
-        raw = await Raw.open(url)
+        raw = await Raw.open(url, kind=kind)
         try:
-            await raw.send(post("/v1/completions", b'{"model": "sim", ', length=1000))
+            await raw.send(post("/v1/completions", b'{"model": "sim", ', me, length=1000))
+            return await raw.answer()
+        finally:
+            raw.close()
+    if kind == "half-sent bodies":
+        raw = await Raw.open(url, kind=kind)
+        try:
+            half = b'{"model": "sim", "prompt": "' + b"x" * (1 << 20)
+            await raw.send(post("/v1/completions", half, me, length=MAX_REQUEST_BYTES))
             return await raw.answer()
         finally:
             raw.close()
     if kind == "stream never read":
-        raw = await Raw.open(url, receive_buffer=4096)
+        raw = await Raw.open(url, receive_buffer=4096, kind=kind)
         try:
             api = draw.choice(list(PATHS))
-            await raw.send(post(PATHS[api], stream_body(api, 3000)))
+            await raw.send(post(PATHS[api], stream_body(api, 3000), me))
             await raw.read_some(1024)  # the answer started: then nothing is read for a while
             await asyncio.sleep(3 * CLIENTS["writeTimeout"])
             answered = await raw.answer()  # what is left: the whole answer, or a cut stream
@@ -458,10 +540,10 @@ async def attempt(kind: str, gateway: Gateway, draw: random.Random) -> str:
         finally:
             raw.close()
     if kind == "disconnect mid-stream":
-        raw = await Raw.open(url)
+        raw = await Raw.open(url, kind=kind)
         try:
             api = draw.choice(list(PATHS))
-            await raw.send(post(PATHS[api], stream_body(api, draw.randint(50, 2000))))
+            await raw.send(post(PATHS[api], stream_body(api, draw.randint(50, 2000)), me))
             wanted = draw.randint(1, 40_000)
             while len(raw.received) < wanted:
                 if (status := raw.whole()) is not None:  # the whole answer came first
@@ -471,18 +553,83 @@ async def attempt(kind: str, gateway: Gateway, draw: random.Random) -> str:
             return "left"
         finally:
             raw.close(abrupt=draw.random() < 0.5)
-    if kind == "over the limits":
+    if kind == "over the limits":  # all with one x-request-id: ids are the gateway's own
         api = draw.choice(list(PATHS))
-        burst = [asyncio.ensure_future(one_stream(url, api)) for _ in range(BURST)]
+        burst = [asyncio.ensure_future(one_stream(url, api, me, kind)) for _ in range(BURST)]
         outcomes = await asyncio.gather(*burst)
         return ",".join(sorted(set(outcomes)))
+    if kind == "idle connections":
+        return await idle_connections(url, kind)
+    if kind == "huge answers":  # 64 inputs at 4,096 dimensions: some 4 MB, over the cap
+        raw = await Raw.open(url, kind=kind)
+        try:
+            body = json.dumps({"model": MODEL, "input": ["ledger"] * 64}).encode()
+            await raw.send(post("/v1/embeddings", body, me))
+            return await raw.answer()
+        finally:
+            raw.close()
+    if kind == "retry storm":
+        raw = await Raw.open(url, kind=kind)
+        try:
+            await raw.send(post("/v1/completions", stream_body("completions", 1), STORM))
+            return await raw.answer()
+        finally:
+            raw.close()
+    if kind == "forged shared state":
+        workers = gateway.config["pools"][0]["workers"]["urls"]
+        await asyncio.to_thread(forge, gateway.store_port, workers)
+        return "written"
     raise ValueError(kind)
 
 
-async def one_stream(url: str, api: str) -> str:
-    raw = await Raw.open(url)
+BOMBS = (
+    b'{"model": "sim", "prompt": [' + b",".join([b"[]"] * 1_398_000) + b"]}",
+    b'{"model": "sim", "input": [' + b",".join([b'"ab"'] * 838_000) + b"]}",
+)
+
+
+async def idle_connections(url: str, kind: str) -> str:
+    """`IDLE_CONNECTIONS` connections that send nothing, held for two seconds: how many
+    the gateway kept (its per-address budget) and how many it reset."""
+    held = []
+    for _ in range(IDLE_CONNECTIONS):
+        try:
+            held.append(await Raw.open(url, kind=kind))
+        except OSError:  # reset before it was established: over the budget at once
+            continue
+    await asyncio.sleep(2.0)
+    kept = 0
+    for raw in held:
+        kept += not raw.reader.at_eof() and not raw.writer.is_closing()  # not reset
+        raw.close()
+    return f"kept {kept}, reset {IDLE_CONNECTIONS - kept}"
+
+
+def forge(port: int, workers: list[str]) -> None:
+    """Entries no replica wrote: a report of a replica that is not live (every worker
+    full), one with an expiry far in the future, charges of 1e300 and NaN, and a token
+    bucket that is not a number."""
+    server = redis.Redis(host=HOST, port=port)
     try:
-        await raw.send(post(PATHS[api], stream_body(api, 64)))
+        tag = "fairpool:pool:{soak}"
+        report = json.dumps({"inFlight": dict.fromkeys(workers, 10**6), "queued": {}})
+        server.hset(f"{tag}:holdings", "f0f0f0f0f0f0", report)
+        server.zadd(f"{tag}:replicas", {"e0e0e0e0e0e0": 1e18})
+        server.hset(f"{tag}:holdings", "e0e0e0e0e0e0", report)
+        for service in ("1e300", "nan"):
+            fields = {"replica": "f0f0f0f0f0f0", "tenant": "alpha", "worker": workers[0]}
+            server.xadd(f"{tag}:charges", {**fields, "service": service})
+        second = str(int(server.time()[0]))
+        server.hset("fairpool:{alpha}:tokens", second, "nan")
+    finally:
+        server.close()
+
+
+async def one_stream(url: str, api: str, tenant: str, kind: str) -> str:
+    raw = await Raw.open(url, kind=kind)
+    try:
+        extra = "x-request-id: burst-same\r\n"
+        await raw.send(post(PATHS[api], stream_body(api, 64), tenant, extra=extra))
         return await raw.answer()
     finally:
         raw.close()
@@ -504,7 +651,11 @@ async def hostile_traffic(
             except OSError as error:
                 result = f"error {type(error).__name__}"
             for part in result.split(","):
-                counts[kind][part] += 1
+                if part.startswith(("kept ", "reset ")):  # idle connections: counts
+                    name, number = part.strip().split(" ")
+                    counts[kind][name] += int(number)
+                else:
+                    counts[kind][part.strip()] += 1
             await asyncio.sleep(pause)
 
     await asyncio.gather(
@@ -816,11 +967,14 @@ def main(argv: list[str] | None = None) -> None:
     engines: list[Process] = []
     gateway: Gateway | None = None
     try:
-        options = EngineOptions(speedup=settings.speedup, max_model_len=MAX_MODEL_LEN)
-        engines = start_engines(settings.workers, options, None, settings.logs)
-        gateway = start_gateway([engine.url for engine in engines], settings.logs)
-        run = asyncio.run(soak(gateway, settings))
-        alive = gateway.process.alive()
+        with LocalStore() as store:
+            options = EngineOptions(
+                speedup=settings.speedup, max_model_len=MAX_MODEL_LEN, embedding_dim=EMBEDDING_DIM
+            )
+            engines = start_engines(settings.workers, options, None, settings.logs)
+            gateway = start_gateway([engine.url for engine in engines], store, settings.logs)
+            run = asyncio.run(soak(gateway, settings))
+            alive = gateway.process.alive()
     except StartError as error:
         raise SystemExit(f"soak: {error}") from None
     finally:
@@ -836,6 +990,13 @@ def main(argv: list[str] | None = None) -> None:
     problems = []
     if not alive:
         problems.append("the gateway exited during the soak")
+    broken = {
+        outcome: count
+        for outcome, count in summary["good_by_outcome"].items()
+        if outcome != "200" and (outcome.startswith("5") or not outcome[:1].isdigit())
+    }
+    if broken:
+        problems.append(f"good requests got a 5xx or lost their connection: {broken}")
     if summary["good_ok"] == 0:
         problems.append("no good request was answered in full")
     if held:

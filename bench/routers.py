@@ -201,6 +201,8 @@ class EngineOptions:
     policy: str = "dlpm"
     #: tenant weights for the engines' scheduler configuration (none: all equal)
     weights: dict[str, float] = field(default_factory=dict)
+    #: length of the vectors /v1/embeddings returns (None: engine-sim's default)
+    embedding_dim: int | None = None
 
     def arguments(self, logs: Path, port: int) -> list[str]:
         command = [
@@ -224,6 +226,8 @@ class EngineOptions:
             command += ["--memory-tokens", str(self.memory_tokens)]
         if self.max_model_len is not None:
             command += ["--max-model-len", str(self.max_model_len)]
+        if self.embedding_dim is not None:
+            command += ["--embedding-dim", str(self.embedding_dim)]
         if self.weights:
             config = logs / f"scheduler-{port}.yaml"
             config.write_text(yaml.safe_dump({"policy": self.policy, "tenants": self.weights}))

@@ -7,6 +7,7 @@ import gc
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,47 @@ def tune_collector_for_serving() -> None:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_INTERVAL)
+
+
+class LoopLag:
+    """How late the event loop runs: a task (`run`) sleeps `interval` seconds over and over
+    and records how much later than asked it woke, for the last `horizon` seconds. A timer
+    that fired late because the loop was busy elsewhere — parsing a large body, a burst of
+    work — is the loop's delay, not the thing it timed: `late_since` tells a health check or
+    a server's timeout which it was."""
+
+    def __init__(self, interval: float = 0.05, horizon: float = 60.0) -> None:
+        self.interval = interval
+        self.horizon = horizon
+        self.worst = 0.0  # the largest lag seen since the start
+        self._samples: deque[tuple[float, float]] = deque()  # (woke at, lag)
+        self._due: float | None = None  # when the sleep under way should end
+
+    async def run(self) -> None:
+        while True:
+            self._due = time.monotonic() + self.interval
+            await asyncio.sleep(self.interval)
+            now = time.monotonic()
+            lag = max(0.0, now - self._due)
+            self._due = None
+            self.worst = max(self.worst, lag)
+            self._samples.append((now, lag))
+            while self._samples and self._samples[0][0] < now - self.horizon:
+                self._samples.popleft()
+
+    def now(self) -> float:
+        """How late the loop is at this moment (the sleep under way, overdue)."""
+        return 0.0 if self._due is None else max(0.0, time.monotonic() - self._due)
+
+    def recent(self) -> float:
+        """The largest lag of the last second (for a gauge)."""
+        since = time.monotonic() - 1.0
+        return max([self.now(), *(lag for at, lag in self._samples if at >= since)])
+
+    def late_since(self, moment: float) -> float:
+        """The longest the loop was late in one stretch since `moment` (monotonic): a wait
+        that began then lost at least this much to the loop, not to what it waited for."""
+        return max([self.now(), *(lag for at, lag in self._samples if at >= moment)])
 
 
 async def wait_at_most(event: asyncio.Event, seconds: float) -> None:

@@ -36,7 +36,7 @@ from fairpool_gateway.server import GatewayThread
 #: run than CI's (still derandomized: the same N, the same cases).
 SCALE = int(os.environ.get("FAIRPOOL_FUZZ_SCALE", "1"))
 SOCKET_DEADLINE = 60.0  # seconds a raw socket waits for the gateway: bounds a hang only
-STREAM_CUT = "stream cut: the client stopped reading"
+STREAM_CUT = "answer cut: the client stopped reading"
 
 
 def with_settings(config: GatewayConfig, **fields: Any) -> GatewayConfig:
@@ -177,7 +177,8 @@ def free_port() -> int:
 
 
 class StreamCuts(logging.Handler):
-    """The request ids of streams the gateway cut for a client that stopped reading."""
+    """The request ids (the clients' `x-request-id`) of answers the gateway cut for a
+    client that stopped reading."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -185,7 +186,7 @@ class StreamCuts(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage() == STREAM_CUT:
-            self.request_ids.append(str(getattr(record, "request_id", "")))
+            self.request_ids.append(str(getattr(record, "client_request_id", "")))
 
 
 @contextmanager

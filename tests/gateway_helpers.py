@@ -17,6 +17,9 @@ from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.server import GatewayThread
 
 MODEL = "sim-model"
+#: `clients.refusalBurst` for gateways whose tests send refusals by the hundred on purpose
+#: (a malformed field eight times, a fuzzer): refusal storms are not damped there.
+UNDAMPED = 1e9
 KEYS = {"flood": "sk-flood-0001", "light": "sk-light-0002", "other": "sk-other-0003"}
 
 

@@ -731,8 +731,9 @@ def test_gateway_mounts_its_config_secret_and_serves_two_ports(full_docs):
         ("http", 8080),
         ("admin", 8081),
     }
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # Probes go to the admin port, whose connections tenant traffic cannot take.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     tenant, admin = (
         one(full_docs, "Service", "fp-gateway"),
@@ -1257,6 +1258,9 @@ def test_no_wildcards_and_bindings_name_the_right_accounts(full_docs):
         ("images.registry=ghcr.io/fairpool/", "/images/registry"),
         ("images.engine.digest=sha256:abc", "/images/engine/digest"),
         ("images.gateway.repository=r/gw:dev", "/images/gateway/repository"),
+        ("gateway.sharedState.keyPrefix=a:b", "/gateway/sharedState/keyPrefix"),
+        ("gateway.sharedState.keyPrefix=*", "/gateway/sharedState/keyPrefix"),
+        ("gateway.sharedState.username=a b", "/gateway/sharedState/username"),
     ],
 )
 @needs_helm
@@ -1469,11 +1473,16 @@ def test_several_gateway_pods_share_state_in_a_bundled_valkey(tmp_path):
     valkey = one(docs, "StatefulSet", "fp-shared-state")
     container = valkey["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].startswith("docker.io/valkey/valkey:")
-    assert "--requirepass" in container["command"][-1]  # from the environment, not argv
+    # the default user off; the gateways' own, its password's hash from the environment
+    assert "--user default off" in container["command"][-1]
+    assert '--user $GATEWAY_ACL "#$hash"' in container["command"][-1]
     assert container["env"][0]["valueFrom"]["secretKeyRef"] == {
         "name": "fp-shared-state",
         "key": "password",
     }
+    rule = env_of(valkey)["GATEWAY_ACL"]
+    assert rule.startswith("fairpool-gateway on resetkeys resetchannels ~serving.fp:* ")
+    assert "&serving.fp:* -@all +" in rule and "@" not in rule.split("-@all")[1]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert one(docs, "Service", "fp-shared-state")["spec"]["ports"][0]["port"] == 6379
     config = OperatorConfig.from_environment(container_env(one(docs, "Deployment", "fp-operator")))
@@ -1492,6 +1501,8 @@ def test_several_gateway_pods_share_state_in_a_bundled_valkey(tmp_path):
     assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_URL"] == "redis://fp-shared-state.serving:6379/0"
     assert operator["FAIRPOOL_GATEWAY_REPLICAS"] == "3"
     assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_PASSWORD"] == "true"
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_USERNAME"] == "fairpool-gateway"
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_KEY_PREFIX"] == "serving.fp"
     gateway = one(docs, "Deployment", "fp-gateway")
     assert gateway["spec"]["replicas"] == 3
     contract = pytest.importorskip("fairpool_operator.contract")
@@ -1508,7 +1519,19 @@ def test_several_gateway_pods_with_an_external_server_and_one_pod_with_none(tmp_
     operator = env_of(one(docs, "Deployment", "fp-operator"))
     assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_URL"] == url
     assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_PASSWORD"] == "false"
+    assert "FAIRPOOL_GATEWAY_SHARED_STATE_USERNAME" not in operator  # the default user
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_KEY_PREFIX"] == "serving.fp"
     assert "shared-state" not in mounts_of(one(docs, "Deployment", "fp-gateway"))
+    own = {"url": url, "existingSecret": "cache-auth", "username": "llm", "keyPrefix": "prod"}
+    with_user = render(tmp_path, {"gateway": {"replicas": 2, "sharedState": own}})
+    operator = env_of(one(with_user, "Deployment", "fp-operator"))
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_USERNAME"] == "llm"
+    assert operator["FAIRPOOL_GATEWAY_SHARED_STATE_KEY_PREFIX"] == "prod"
+    without = {"gateway": {"replicas": 2, "sharedState": {"url": url, "username": "llm"}}}
+    no_password = helm("template", RELEASE, str(CHART), values=without, tmp=tmp_path)
+    assert no_password.returncode != 0
+    assert "gateway.sharedState.username" in no_password.stderr
+    assert "existingSecret" in no_password.stderr
     assert by_kind(docs, "PodDisruptionBudget")
     single = render(tmp_path, {"gateway": {"replicas": 1}})
     assert not by_kind(single, "StatefulSet") and not by_kind(single, "PodDisruptionBudget")

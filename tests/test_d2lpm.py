@@ -162,6 +162,18 @@ def test_refill_never_exceeds_the_quantum() -> None:
     assert worker in {"w1", "w2"}
 
 
+def test_a_debt_too_deep_to_count_up_to_is_refilled_in_one_step() -> None:
+    """A charge of 1e300 (one heard from another replica, forged) spun the refill's count
+    for ever: past 2^53 rounds, one more round no longer changes rounds × Q^w. The count
+    is a closed form: the tenant is refilled at once and routed."""
+    router = D2LPM(["w0", "w1"], worker_quantum=8192)
+    for worker in ("w0", "w1"):
+        router.charge_elsewhere("a", worker, 1e300)
+    assert to(router, [1], tokens=10) in {"w0", "w1"}
+    assert router.refill_rounds == refills_to_credit(-1e300, 8192.0) > 2**53
+    assert all(0 < value <= 8192.0 or value == -1e300 for value in deficits(router, "a").values())
+
+
 def test_dispatch_charges_full_input_and_completion_charges_output() -> None:
     router = D2LPM(["w0"], worker_quantum=1000, cost=CostModel(1.5, 3.0))
     key = list(range(40))

@@ -61,19 +61,23 @@ DOC, QUESTION, OUTPUT = 48, 8, 8  # tokens
 
 
 class Decisions(FrontListener):
-    """What a pool's front decided, in order."""
+    """What a pool's front decided, in order. The gateway knows each request by an id of
+    its own; the scenarios send one request at a time until the front has seen it, so the
+    n-th id seen is the trace's request `q{n}`, as the simulator names it."""
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
         self.lock = threading.Lock()
+        self._names: dict[str, str] = {}
 
     def seen(self, request_id: str) -> bool:
         with self.lock:
             return any(event[1] == request_id for event in self.events)
 
-    def add(self, *event: Any) -> None:
+    def add(self, kind: str, request_id: str, *rest: Any) -> None:
         with self.lock:
-            self.events.append(event)
+            name = self._names.setdefault(request_id, f"q{len(self._names)}")
+            self.events.append((kind, name, *rest))
 
     def rejected(self, pool: str, request: FrontRequest, rejection: Rejection) -> None:
         self.add("refused", request.request_id, rejection.reason)

@@ -10,11 +10,18 @@ import itertools
 
 import pytest
 from front_helpers import WEIGHTS, WORKERS, in_flight, replicas
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fairpool.front import Flight, FrontRequest, Outcome, Usage
-from fairpool.front.peers import HeardPeers, ReplicaState
+from fairpool.front.peers import (
+    LONGEST_NAME,
+    MOST_COUNTER,
+    MOST_HELD,
+    REPORT_BYTES,
+    HeardPeers,
+    ReplicaState,
+)
 from fairpool.sched.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -31,6 +38,20 @@ events = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(count=st.integers(2, 3), cap=st.integers(1, 3), script=events)
+@example(  # found by the search: the replicas heard a charge one after another, and each
+    # held back for the other's stale counter, leaving a slot idle (fixed: all hear first)
+    count=3,
+    cap=1,
+    script=[
+        ("arrive", 0, "gold"),
+        ("arrive", 0, "bronze"),
+        ("arrive", 0, "gold"),
+        ("arrive", 1, "bronze"),
+        ("arrive", 2, "bronze"),
+        ("finish", 0, 0),
+        ("finish", 1, 0),
+    ],
+)
 def test_replicas_sharing_state_keep_one_cap_lose_nothing_and_leave_no_slot_idle(
     count, cap, script
 ):
@@ -128,13 +149,11 @@ def test_replicas_that_cannot_hear_each_other_divide_the_cap():
     assert not any(flight.queued for flight in flights)
 
 
+counters = st.floats(-MOST_COUNTER, MOST_COUNTER, allow_nan=False, allow_infinity=False)
 states = st.builds(
     ReplicaState,
     st.dictionaries(st.text(min_size=1), st.integers(0, 1000)),
-    st.dictionaries(
-        st.text(min_size=1),
-        st.tuples(st.integers(0, 1000), st.floats(allow_nan=False, allow_infinity=False)),
-    ),
+    st.dictionaries(st.text(min_size=1), st.tuples(st.integers(0, 1000), counters)),
 )
 
 
@@ -157,6 +176,46 @@ def test_a_replicas_report_parses_back_to_what_it_said(state):
 def test_a_report_of_another_shape_is_refused_by_name(text):
     with pytest.raises(ConfigError, match="replica state"):
         ReplicaState.from_json(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"inFlight": {"w0": 1}, "queued": {"t": [1, NaN]}}', "counter of nan"),
+        ('{"inFlight": {}, "queued": {"t": [1, Infinity]}}', "counter of inf"),
+        ('{"inFlight": {}, "queued": {"t": [1, 1e300]}}', "counter of 1e+300"),
+        ('{"inFlight": {"w0": -1}, "queued": {}}', "count of -1"),
+        ('{"inFlight": {"w0": 2.5}, "queued": {}}', "count of 2.5"),
+        ('{"inFlight": {"w0": true}, "queued": {}}', "count of True"),
+        (f'{{"inFlight": {{"w0": {MOST_HELD + 1}}}, "queued": {{}}}}', "count of"),
+        (
+            f'{{"inFlight": {{"w0": {MOST_HELD}}}, "queued": {{"t": [1, 0]}}}}',
+            f"{MOST_HELD + 1} requests held",
+        ),
+        (f'{{"inFlight": {{"{"w" * (LONGEST_NAME + 1)}": 1}}, "queued": {{}}}}', "a name of"),
+        ("[" * 100_000 + "]" * 100_000, "not a replica's report"),
+        (" " * (REPORT_BYTES + 1), "bytes: the most is"),
+    ],
+    ids=[
+        "nan",
+        "infinite",
+        "huge-counter",
+        "negative",
+        "fraction",
+        "bool",
+        "count-too-big",
+        "holds-too-much",
+        "long-name",
+        "deep",
+        "long",
+    ],
+)
+def test_a_report_no_replica_could_write_is_refused_saying_why(text, says):
+    """What another replica reports is bounded before it counts: finite, within what one
+    replica can hold, short names, a bounded length and nesting."""
+    with pytest.raises(ConfigError, match="replica state") as error:
+        ReplicaState.from_json(text)
+    assert says in str(error.value)
 
 
 @given(text=st.text())

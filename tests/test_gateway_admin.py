@@ -48,7 +48,8 @@ def protected(tmp_path_factory):
 def test_every_admin_route_wants_the_token(protected):
     running, token_file = protected
     write_token(token_file, "first-token")
-    for path in ("/metrics", "/admin/tenants", "/admin/tenants/light", "/admin/pools", "/readyz"):
+    routes = ("/metrics", "/admin/tenants", "/admin/tenants/light", "/admin/pools", "/admin/status")
+    for path in routes:
         refused = httpx.get(f"{running.admin_url}{path}")
         assert refused.status_code == 401, path
         assert refused.headers["www-authenticate"] == "Bearer"
@@ -60,11 +61,17 @@ def test_every_admin_route_wants_the_token(protected):
     assert basic.status_code == 401
 
 
-def test_the_tenant_ports_probes_stay_open_for_the_kubelet(protected):
-    running, _ = protected
-    assert httpx.get(f"{running.url}/healthz").status_code == 200
-    assert httpx.get(f"{running.url}/readyz").status_code == 200
+def test_the_probes_stay_open_for_the_kubelet_and_name_nothing(protected):
+    running, token_file = protected
+    write_token(token_file, "first-token")
+    for url in (running.url, running.admin_url):  # the chart probes the admin port
+        assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{url}/readyz").json() == {"status": "ready"}  # no pool, no server
     assert httpx.get(f"{running.url}/metrics").status_code == 404  # never on the tenant port
+    detailed = httpx.get(f"{running.admin_url}/readyz", headers=bearer("first-token")).json()
+    assert detailed["pools"] == {"main": {"workersInRotation": 1}}
+    status = httpx.get(f"{running.admin_url}/admin/status", headers=bearer("first-token")).json()
+    assert status["pools"] == detailed["pools"] and status["clients"]["connections"]["admin"] >= 1
 
 
 def test_a_rotated_token_takes_effect_and_an_unreadable_one_lets_nobody_in(protected):

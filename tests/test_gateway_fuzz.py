@@ -19,8 +19,16 @@ from typing import Any
 
 import pytest
 import schemathesis
-from fuzz_clients import SCALE, Admin, admin
-from gateway_helpers import KEYS, MODEL, engines, gateway, gateway_config, tenant_entry
+from fuzz_clients import SCALE, Admin, admin, with_settings
+from gateway_helpers import (
+    KEYS,
+    MODEL,
+    UNDAMPED,
+    engines,
+    gateway,
+    gateway_config,
+    tenant_entry,
+)
 from hypothesis import HealthCheck, settings
 
 from fairpool_gateway.openapi import openapi_document
@@ -36,6 +44,7 @@ EXAMPLES = 100
 def running() -> Iterator[tuple[GatewayThread, Admin]]:
     with engines(1, speedup=1000.0, max_model_len=4096) as workers:
         config = gateway_config([workers[0].url], [tenant_entry("light", limits={"concurrent": 4})])
+        config = with_settings(config, clients={"refusalBurst": UNDAMPED})
         with gateway(config) as gateway_thread, admin(gateway_thread) as api:
             yield gateway_thread, api
 

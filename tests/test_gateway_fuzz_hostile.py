@@ -60,7 +60,7 @@ from fuzz_clients import (
     stream_cuts,
     with_settings,
 )
-from gateway_helpers import MODEL, all_in_rotation, gateway_config, tenant_entry
+from gateway_helpers import MODEL, UNDAMPED, all_in_rotation, gateway_config, tenant_entry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polling import wait_until
@@ -176,6 +176,7 @@ def serving() -> Iterator[Served]:
                 routing={"saturation": {"maxOutstanding": 2}},
             ),
             clients={
+                "refusalBurst": UNDAMPED,
                 "headerTimeout": HEADER_TIMEOUT,
                 "bodyTimeout": BODY_TIMEOUT,
                 "writeTimeout": WRITE_TIMEOUT,

@@ -32,6 +32,8 @@ class Engine:
     """An engine's streamed answer: `chunks`, then the end (or, with `endless`, more
     chunks for ever). Counts the chunks read."""
 
+    status = 200
+
     def __init__(self, chunks: list[bytes], endless: bool = False) -> None:
         self.chunks = list(chunks)
         self.endless = endless
@@ -72,6 +74,7 @@ class Client:
 
 class Exchange:
     request_id = "r1"
+    client_request_id = None
 
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []
@@ -79,6 +82,9 @@ class Exchange:
 
     def settle(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
+
+    def release(self) -> None:
+        pass
 
 
 def relay(engine: Engine, exchange: Exchange, buffer_bytes: int = 1 << 20) -> StreamRelay:

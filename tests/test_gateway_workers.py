@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from fake_worker import FakeWorker, vllm_metrics
 from polling import DEADLINE, eventually, wait_until
 
+from fairpool.runtime import LoopLag
 from fairpool_engine.sim.options import SimOptions
 from fairpool_engine.sim.server import ServerThread
 from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor, parse_load, shown
@@ -367,3 +369,39 @@ def test_new_workers_are_checked_at_once_and_removed_ones_forgotten(caplog) -> N
     ):
         asyncio.run(scenario(one.url, two.url))
     assert any("on_change failed" in record.getMessage() for record in caplog.records)
+
+
+def test_a_check_that_timed_out_because_the_gateways_loop_was_late_changes_nothing() -> None:
+    """A check whose timeout the gateway's own event loop overran (a large body parsed on
+    it, a burst of work) proves nothing about the worker: it stays in rotation. The same
+    hang with the loop on time takes it out."""
+
+    async def scenario(fake: FakeWorker) -> None:
+        lag = LoopLag(interval=0.01)
+        lagging = asyncio.create_task(lag.run())
+        async with httpx.AsyncClient() as client:
+            monitor = WorkerMonitor(client, timeout=1.0, lag=lag)
+            monitor.set_workers([fake.url])
+            await monitor.poll_once()
+            assert monitor.healthy() == [fake.url]
+
+            fake.health_answers.clear()  # hung: accepts, never answers
+            fake.health_asked.clear()
+            check = asyncio.create_task(monitor.poll_once())
+            assert await asyncio.to_thread(fake.health_asked.wait, DEADLINE)
+            time.sleep(1.5)  # the loop is held past the check's timeout
+            await check
+            assert monitor.healthy() == [fake.url] and monitor.inconclusive == 1
+
+            # On time, the hang is the worker's (a loaded machine may make a check late:
+            # check again until one is not).
+            for _ in range(int(DEADLINE)):
+                await monitor.poll_once()
+                if not monitor.healthy():
+                    break
+            assert monitor.healthy() == []
+            assert "no answer within 1 s" in (monitor.workers[fake.url].last_error or "")
+        lagging.cancel()
+
+    with FakeWorker() as fake:
+        asyncio.run(scenario(fake))

@@ -667,12 +667,15 @@ def test_several_gateway_pods_get_the_shared_state_in_gateway_yaml():
         contract.SHARED_STATE_URL_ENV: "redis://fp-shared-state.serving:6379/0",
         contract.GATEWAY_REPLICAS_ENV: "3",
         contract.SHARED_STATE_PASSWORD_ENV: "true",
+        contract.SHARED_STATE_USERNAME_ENV: "fairpool-gateway",
+        contract.SHARED_STATE_KEY_PREFIX_ENV: "serving.fp",
     }
     config = OperatorConfig.from_environment(environment, namespace="serving")
     shared = plan_namespace([pool_body()], [], {}, config).gateway.shared_state
     assert shared is not None
     assert (shared.url, shared.replicas) == ("redis://fp-shared-state.serving:6379/0", 3)
     assert shared.password_file == contract.SHARED_STATE_PASSWORD_PATH
+    assert (shared.username, shared.key_prefix) == ("fairpool-gateway", "serving.fp")
     assert plan_namespace([pool_body()], [], {}, CONFIG).gateway.shared_state is None
     with pytest.raises(ConfigError) as error:
         OperatorConfig.from_environment({contract.GATEWAY_REPLICAS_ENV: "two"})

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import sys
+
 import pytest
 from helpers import drain, request, view
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fairpool.sched import ConfigError, CostModel, Running, TenantWeights, make_policy
 from fairpool.sched.policies import DLPM, FCFS, LPM, MCSF, VTC
@@ -290,6 +295,65 @@ def test_refills_to_credit_counts_exact_multiples():
     assert refills_to_credit(-10, 10) == 2
     rounds = refills_to_credit(-0.3, 0.1)  # floating point: the count must still be exact
     assert -0.3 + rounds * 0.1 > 0 >= -0.3 + (rounds - 1) * 0.1
+
+
+def counted_up(deficit: float, quantum: float) -> int:
+    """The count as it was, from the estimate up one round at a time: the reference
+    `refills_to_credit`'s closed form must equal wherever this ends (it spins for ever
+    where one round more no longer changes rounds × quantum)."""
+    if deficit > 0:
+        return 0
+    rounds = math.floor(-deficit / quantum) + 1
+    for _ in range(10_000):
+        if deficit + rounds * quantum > 0:
+            return rounds
+        rounds += 1
+    raise AssertionError("counting up did not end")
+
+
+quanta = st.one_of(st.floats(1e-3, 1e6), st.sampled_from([0.1, 0.3, 1 / 3, 8192.0, 2048.0 * 0.7]))
+
+
+@st.composite
+def deficits_near_multiples(draw: st.DrawFn) -> tuple[float, float]:
+    """A deficit at, or a float or two either side of, a whole number of quanta: where the
+    rounding of rounds × quantum decides the count."""
+    quantum = draw(quanta)
+    deficit = -draw(st.integers(0, 10**12)) * quantum
+    for _ in range(draw(st.integers(0, 2))):
+        deficit = math.nextafter(deficit, draw(st.sampled_from([math.inf, -math.inf])))
+    return deficit, quantum
+
+
+@given(
+    st.one_of(
+        deficits_near_multiples(),
+        st.tuples(st.floats(-1e15, 1e3), quanta),
+    )
+)
+def test_refills_closed_form_is_counting_up_wherever_counting_up_ends(case):
+    deficit, quantum = case
+    assert refills_to_credit(deficit, quantum) == counted_up(deficit, quantum)
+
+
+@given(
+    st.floats(-1.7e308, 0.0, allow_subnormal=True),
+    st.floats(1e-6, 1e12),
+)
+def test_refills_are_the_fewest_from_the_estimate_that_lift_any_debt(deficit, quantum):
+    """At any depth, 1e300 included: the count is the first from the estimate up after
+    which the refill (deficit + rounds × quantum, in floating point) is above zero — what
+    counting up returns where it ends, and a count where it never would."""
+    first = math.floor(-deficit / quantum) + 1 if math.isfinite(-deficit / quantum) else None
+    try:
+        rounds = refills_to_credit(deficit, quantum)
+    except OverflowError:  # no finite number of rounds lifts it
+        assert sys.float_info.max * quantum <= -deficit
+        return
+    assert deficit + rounds * quantum > 0
+    if first is not None:
+        assert rounds >= first
+        assert rounds == first or deficit + (rounds - 1) * quantum <= 0
 
 
 # ---------------------------------------------------------------- MC-SF and +memsafe

@@ -6,7 +6,6 @@ replica that dies holding slots, and the server going away and coming back."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -16,18 +15,15 @@ from front_helpers import replicas as fronts_over_two_workers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polling import eventually
+from shared_state_helpers import HeardCharges, admit, close, replicas, request
 
-from fairpool.api.gateway_config import SharedStateSpec
 from fairpool.api.tenant_quota import TenantLimits
 from fairpool.front import FrontRequest, Outcome, Rejection, TenantLimiter, Ticket, Usage
 from fairpool_cli.local.store import LocalStore
 from fairpool_gateway import shared_fronts
 from fairpool_gateway.shared_fronts import SharedFronts
-from fairpool_gateway.shared_limits import SharedLimiter
 
 pytestmark = pytest.mark.subprocess
-
-_ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -39,33 +35,6 @@ def store() -> Iterator[LocalStore]:
 @pytest.fixture(autouse=True)
 def empty(store: LocalStore) -> None:
     redis.Redis(port=store.port).flushdb()
-
-
-def replicas(store: LocalStore, count: int = 2, **spec: object) -> list[SharedLimiter]:
-    settings_ = SharedStateSpec.model_validate(
-        {"url": store.url, "replicas": count, "timeoutSeconds": 10, **spec}
-    )
-    return [SharedLimiter(settings_) for _ in range(count)]
-
-
-def request(tenant: str, limits: TenantLimits, tokens: int = 10) -> FrontRequest:
-    return FrontRequest(f"r{next(_ids)}", tenant, "", tokens, None, limits)
-
-
-async def admit(limiter: SharedLimiter, front_request: FrontRequest) -> Ticket:
-    """What the gateway does: reserve in the shared state, then the front's admission."""
-    await limiter.reserve(front_request)
-    return limiter.admit(
-        front_request.tenant,
-        front_request.limits,
-        front_request.reserved_tokens,
-        front_request.request_id,
-    )
-
-
-async def close(*limiters: SharedLimiter) -> None:
-    for limiter in limiters:
-        await limiter.close()
 
 
 def test_two_replicas_together_admit_no_more_than_the_limits(store):
@@ -274,18 +243,6 @@ def test_every_replica_reads_the_fleets_service_and_it_leaves_the_window(store):
         await close(a, b)
 
     asyncio.run(scenario())
-
-
-class HeardCharges:
-    """Stands for a pool's front: records what the other replicas charged."""
-
-    peers = None  # holds nothing the other replicas wait for
-
-    def __init__(self) -> None:
-        self.heard: list[tuple[str, str, float]] = []
-
-    def charged_elsewhere(self, tenant: str, worker: str, service: float) -> None:
-        self.heard.append((tenant, worker, service))
 
 
 def test_replicas_apply_each_others_charges_and_not_their_own(store):

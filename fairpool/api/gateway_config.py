@@ -33,7 +33,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from fairpool.api.common import Spec
+from fairpool.api.common import DNS_LABEL, Spec
 from fairpool.api.inference_pool import InferencePool, RoutingSpec
 from fairpool.api.manifests import Manifests
 from fairpool.api.scheduler_config import CostWeights
@@ -92,6 +92,18 @@ class AdminAddress(Address):
         default=None,
         alias="tokenFile",
         description="A file holding the admin API's bearer token (re-read when it changes).",
+    )
+    max_connections: int = Field(
+        default=128,
+        ge=2,
+        alias="maxConnections",
+        description="Open connections to the admin port (probes, scrapes); more are reset.",
+    )
+    max_connections_per_client: int = Field(
+        default=32,
+        ge=1,
+        alias="maxConnectionsPerClient",
+        description="Open connections to the admin port from one client address.",
     )
 
     @model_validator(mode="after")
@@ -157,7 +169,13 @@ class ChainWorker(Spec):
 
 
 class GatewayPool(Spec):
-    name: str = Field(min_length=1, description="The InferencePool's name.")
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description="The InferencePool's name (a DNS label, as Kubernetes names it: it is "
+        "part of the shared state's keys).",
+    )
     model: str = Field(min_length=1, description="Served model name that selects this pool.")
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Worker choice.")
     cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
@@ -260,8 +278,58 @@ class ClientLimits(Spec):
         alias="writeTimeout",
         description="Longest a stream waits for its client to read; then it is cut.",
     )
+    idle_timeout: float = Field(
+        default=3.0,
+        gt=0,
+        alias="idleTimeout",
+        description="Seconds a connection may stay silent before its request starts (after "
+        "it opens, or after its previous answer); then it is reset.",
+    )
     max_connections: int = Field(
-        default=4096, ge=1, alias="maxConnections", description="Open connections (then 503)."
+        default=4096,
+        ge=1,
+        alias="maxConnections",
+        description="Open connections to the tenant port; more are reset at once.",
+    )
+    max_connections_per_client: int = Field(
+        default=1024,
+        ge=1,
+        alias="maxConnectionsPerClient",
+        description="Open connections to the tenant port from one client address (behind a "
+        "proxy every client has the proxy's address: raise it to the proxy's pool).",
+    )
+    max_bytes_in_flight: int = Field(
+        default=256 << 20,
+        ge=1 << 20,
+        alias="maxBytesInFlight",
+        description="Bytes of request bodies and answers the gateway holds for all tenants "
+        "together (503 beyond, for bodies; answers wait for room).",
+    )
+    max_tenant_bytes_in_flight: int = Field(
+        default=64 << 20,
+        ge=1 << 16,
+        alias="maxTenantBytesInFlight",
+        description="Bytes of request bodies and answers the gateway holds for one tenant "
+        "(429 beyond, for bodies; answers wait for room).",
+    )
+    max_answer_bytes: int = Field(
+        default=64 << 20,
+        ge=1 << 16,
+        alias="maxAnswerBytes",
+        description="Largest answer that is not streamed (an engine's larger answer is a 502).",
+    )
+    refusal_burst: float = Field(
+        default=20.0,
+        ge=1,
+        alias="refusalBurst",
+        description="Refusals a tenant (or an address without a valid key) may get at once "
+        "before the rest are held back and their connections closed.",
+    )
+    refusal_rate: float = Field(
+        default=5.0,
+        gt=0,
+        alias="refusalRate",
+        description="Refusals a second it may get for ever (one more per MiB of body read).",
     )
     max_json_objects: int = Field(
         default=20_000,
@@ -269,6 +337,18 @@ class ClientLimits(Spec):
         alias="maxJsonObjects",
         description="JSON objects in a request body (a 400 beyond): each costs far more "
         "memory parsed than its bytes.",
+    )
+    max_json_arrays: int = Field(
+        default=20_000,
+        ge=10,
+        alias="maxJsonArrays",
+        description="JSON arrays in a request body (a 400 beyond).",
+    )
+    max_json_strings: int = Field(
+        default=200_000,
+        ge=10,
+        alias="maxJsonStrings",
+        description="JSON strings, keys included, in a request body (a 400 beyond).",
     )
     max_json_numbers: int = Field(
         default=600_000,
@@ -286,8 +366,22 @@ class ClientLimits(Spec):
         default=8, ge=1, alias="maxChoices", description="`n` and `best_of`, each."
     )
     max_logprobs: int = Field(
-        default=20, ge=0, alias="maxLogprobs", description="`logprobs`/`top_logprobs`."
+        default=20,
+        ge=0,
+        alias="maxLogprobs",
+        description="`logprobs`, `top_logprobs` and `prompt_logprobs`, each.",
     )
+
+    @model_validator(mode="after")
+    def _per_client_within_total(self) -> ClientLimits:
+        if self.max_tenant_bytes_in_flight > self.max_bytes_in_flight:
+            raise field_error(
+                "ClientLimits",
+                ("maxTenantBytesInFlight",),
+                self.max_tenant_bytes_in_flight,
+                f"at most maxBytesInFlight ({self.max_bytes_in_flight})",
+            )
+        return self
 
 
 class SharedStateSpec(Spec):
@@ -327,6 +421,43 @@ class SharedStateSpec(Spec):
         description="Longest wait for the server before a request is admitted by the local "
         "fallback instead.",
     )
+    username: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^\S+$",
+        description="The server's ACL user the gateway logs in as (with passwordFile): one "
+        "allowed only keyPrefix's keys and channels and the gateway's commands.",
+    )
+    key_prefix: str = Field(
+        default="fairpool",
+        alias="keyPrefix",
+        description="The first part of every key and channel the gateway uses "
+        "(PREFIX:{tenant}:..., PREFIX:pool:{pool}:...): one per release, so that an ACL "
+        "user can be allowed those alone (~PREFIX:* &PREFIX:*).",
+    )
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix_keeps_the_layout(cls, prefix: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", prefix):
+            raise ValueError(
+                f"keyPrefix {prefix!r} must be 1 to 128 letters, digits, '.', '_' or '-': a "
+                "'{', '}', ':' or space would change the keys' layout, and a '*', '?' or '[' "
+                "the ACL pattern ~PREFIX:* that allows them"
+            )
+        return prefix
+
+    @model_validator(mode="after")
+    def _username_with_password(self) -> SharedStateSpec:
+        if self.username is not None and self.password_file is None:
+            raise field_error(
+                "SharedStateSpec",
+                ("username",),
+                self.username,
+                "an ACL user logs in with a password: set passwordFile too",
+            )
+        return self
 
 
 class GatewayConfig(Spec):

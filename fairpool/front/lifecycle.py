@@ -423,15 +423,6 @@ class PoolFront:
                 listener.queued(flight)
         return flight
 
-    def unused_id(self, wanted: str) -> str:
-        """`wanted` if no flight of this front has it, else `wanted` with a suffix that
-        makes it unique (a client's request id is not trusted to be)."""
-        request_id, number = wanted, 1
-        while request_id in self._flights:
-            number += 1
-            request_id = f"{wanted}~{number}"
-        return request_id
-
     def share_with(self, peers: Peers) -> None:
         """Decide with the gateway's other replicas (`fairpool.front.peers`): their
         requests count in the saturation cap, their queued tenants in the fair order."""

@@ -30,6 +30,11 @@ LimitReason = Literal[
     "requests_per_minute", "tokens_per_minute", "concurrent", "queued", "queue_timeout"
 ]
 WINDOW_SECONDS = 60.0
+#: The limits whose refusal holds for every request of the tenant until its Retry-After:
+#: those a request's own size does not decide, which `TenantLimiter.check` checks before
+#: the request is read. A tokens-per-minute refusal concerns its request alone: a smaller
+#: one may fit, and one whose tokens alone exceed the limit must not lock its tenant out.
+TENANT_WIDE: frozenset[LimitReason] = frozenset({"requests_per_minute", "concurrent"})
 #: Retry-After for the concurrency limit: when a request ends is unknown, so a short wait.
 CONCURRENT_RETRY_AFTER = 1.0
 
@@ -168,8 +173,8 @@ class TenantLimiter:
 
     def check(self, tenant: str, limits: TenantLimits) -> None:
         """Raise the `Rejection` that `admit` would for the request-rate or concurrency
-        limit, counting nothing: a front end checks it before it pays for reading and
-        parsing a request whose size (for the token limit) it does not know yet."""
+        limit (`TENANT_WIDE`), counting nothing: a front end checks it before it pays for
+        reading and parsing a request whose size (for the token limit) it does not know."""
         now = self._clock()
         usage = self._usage.get(tenant)
         if usage is None:

@@ -24,11 +24,21 @@ the shared state, within a poll).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fairpool.sched.errors import ConfigError
+
+#: Bounds on another replica's report (`ReplicaState.from_json`): its length; the requests
+#: it may hold in all (a replica takes one request per connection, 4,096 by default: a
+#: million is no replica's); a tenant's or worker's name; a queue counter's magnitude
+#: (weighted service: 10^18 is decades of a pool's service at any weight in use).
+REPORT_BYTES = 1 << 20
+MOST_HELD = 1 << 20
+LONGEST_NAME = 2048
+MOST_COUNTER = 1e18
 
 
 @dataclass(frozen=True)
@@ -45,17 +55,48 @@ class ReplicaState:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ReplicaState:
-        """Parse another replica's report; ConfigError if it is not one."""
+        """Parse another replica's report; ConfigError if it is not one a replica could
+        have written: longer than `REPORT_BYTES`, of another shape, a name longer than
+        `LONGEST_NAME`, a count or counter that is not finite and within its bounds."""
+        if len(text) > REPORT_BYTES:
+            raise ConfigError(
+                "replica state", f"a report of {len(text)} bytes: the most is {REPORT_BYTES}"
+            )
         try:
             document: Any = json.loads(text)
-            in_flight = {str(worker): int(count) for worker, count in document["inFlight"].items()}
+            in_flight = {
+                _name(worker): _count(count) for worker, count in document["inFlight"].items()
+            }
             queued = {
-                str(tenant): (int(count), float(counter))
+                _name(tenant): (_count(count), _counter(counter))
                 for tenant, (count, counter) in document["queued"].items()
             }
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
             raise ConfigError("replica state", f"not a replica's report: {error}") from error
+        held = sum(in_flight.values()) + sum(count for count, _ in queued.values())
+        if held > MOST_HELD:
+            raise ConfigError("replica state", f"{held} requests held: the most is {MOST_HELD}")
         return cls(in_flight, queued)
+
+
+def _name(value: str) -> str:
+    if len(value) > LONGEST_NAME:
+        raise ValueError(f"a name of {len(value)} characters")
+    return value
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_HELD:
+        raise ValueError(f"a count of {value!r}")
+    return value
+
+
+def _counter(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a counter of {value!r}")
+    if not math.isfinite(value) or abs(value) > MOST_COUNTER:
+        raise ValueError(f"a counter of {value!r}")
+    return float(value)
 
 
 class Peers:

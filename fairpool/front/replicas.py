@@ -31,11 +31,15 @@ class _Told(FrontListener):
         self.others = [other for other in fronts if other is not front]
 
     def settled(self, settlement: Settlement) -> None:
-        for other in self.others:
-            if settlement.worker is not None:
+        # Every replica hears the charge before any decides who takes the freed slot: one
+        # that decided first would compare its counters with another's not yet charged, and
+        # both could hold back for the other, leaving the slot idle.
+        if settlement.worker is not None:
+            for other in self.others:
                 other.charged_elsewhere(
                     settlement.request.tenant, settlement.worker, settlement.service
                 )
+        for other in self.others:
             other.release_waiting()
 
 

@@ -19,6 +19,10 @@ from fairpool.sched.errors import (
     require_positive,
 )
 
+#: More tokens than a prompt or an output can hold: past any model's context (the longest,
+#: 10M tokens, is under 2^24). What bounds a charge heard from outside (`most_service`).
+MOST_REQUEST_TOKENS = 1 << 24
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -35,6 +39,11 @@ class CostModel:
 
     def service(self, extend_tokens: int, output_tokens: int) -> float:
         return self.extend_weight * extend_tokens + self.output_weight * output_tokens
+
+    def most_service(self) -> float:
+        """The most one request can be charged: a prompt and an output each as long as
+        `MOST_REQUEST_TOKENS`. Another gateway replica's charge above it is not one."""
+        return self.service(MOST_REQUEST_TOKENS, MOST_REQUEST_TOKENS)
 
     def prefill(self, prompt_tokens: int, cached_tokens: int) -> float:
         """Service of admitting a prompt whose first `cached_tokens` are cache hits."""

@@ -2,9 +2,11 @@
 
 The admin API listens on a loopback address unless the configuration gives it a token
 (`admin.tokenFile`; `GatewayConfig` refuses a non-loopback admin address without one). With
-a token, every admin route — `/metrics`, `/admin/*`, its `/healthz` and `/readyz` — wants
-`Authorization: Bearer TOKEN`; the tenant port's `/healthz` and `/readyz` stay open for the
-kubelet's probes and tell nothing about tenants.
+a token, every admin route — `/metrics`, `/admin/*` — wants `Authorization: Bearer TOKEN`.
+The probes, `/healthz` and `/readyz`, stay open on both ports for the kubelet (which
+probes the admin port: tenant traffic cannot take its connections); without the token
+they say only whether the gateway is alive and serving (`authenticated` tells the routes
+whether to say more).
 
 The file is read when it is first needed and again whenever it changes (`fairpool.files`:
 a rotated Secret takes effect without a restart). A file that cannot be read, or is empty,
@@ -58,6 +60,18 @@ def _read(path: str) -> bytes | None:
     return hashlib.sha256(token.encode()).digest()
 
 
+#: The scope key that says the admin token was given (or none is needed).
+AUTHENTICATED = "fairpool.admin"
+#: Routes that answer without the token, saying less.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def authenticated(scope: Scope) -> bool:
+    """Whether the request may see the admin API's details: it came to the admin port with
+    the token, or to an admin port that needs none."""
+    return bool(scope.get(AUTHENTICATED))
+
+
 class AdminAuth:
     """ASGI middleware in front of the admin API: the bearer token, when one is configured
     (read from the gateway's current configuration, so a reload that sets or moves
@@ -71,18 +85,19 @@ class AdminAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = self.gateway.config.admin.token_file
         if scope["type"] != "http" or path is None:
-            await self.app(scope, receive, send)
+            await self.app({**scope, AUTHENTICATED: True}, receive, send)
             return
         expected = self.token.digest(path)
-        if expected is None:
-            await _refuse(send, 503, "The admin API's token cannot be read; see the gateway log.")
-            return
         presented = _bearer(scope)
         given = hashlib.sha256(presented.encode()).digest() if presented else b""
-        if not hmac.compare_digest(given, expected):
+        if expected is not None and hmac.compare_digest(given, expected):
+            await self.app({**scope, AUTHENTICATED: True}, receive, send)
+        elif scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)  # a probe: answered, without details
+        elif expected is None:
+            await _refuse(send, 503, "The admin API's token cannot be read; see the gateway log.")
+        else:
             await _refuse(send, 401, "The admin API wants `Authorization: Bearer TOKEN`.")
-            return
-        await self.app(scope, receive, send)
 
 
 def _bearer(scope: Scope) -> str | None:

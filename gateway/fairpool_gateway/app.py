@@ -3,19 +3,26 @@
 Tenant API (public): `POST /v1/chat/completions`, `/v1/completions`, `/v1/responses`
 (streamed or not), `/v1/embeddings`, `GET /v1/models`, `GET /openapi.json`, `/healthz`,
 `/readyz`. Every POST endpoint is the same path (`generate`) over the pool's front. A request goes
-through: size limit → API key → body → pool (by model) → permission → hard limits →
-fair queue → routing → the engine, with one retry elsewhere if the worker fails before
-its first byte → the answer, relayed → charges from the engine's usage.
+through: size limit → API key → bytes in flight → body → pool (by model) → permission →
+hard limits → fair queue → routing → the engine, with one retry elsewhere if the worker
+fails before its first byte → the answer, relayed as it arrives → charges from the
+engine's usage.
+
+Every request gets an id of the gateway's own: the one the engine, the logs, the limits
+and the front know it by. A client's `x-request-id` is only echoed back (with the
+gateway's in `x-fairpool-request-id`): two clients, or two tenants, sending the same id
+must not meet anywhere.
 
 Admin API (private port): `/metrics`, `/admin/tenants`, `/admin/tenants/{tenant}`,
-`/admin/pools`, `/healthz`, `/readyz`. It shows every tenant, so it never shares the
-tenant API's port.
+`/admin/pools`, `/admin/status`, `/healthz`, `/readyz`. It shows every tenant, so it never
+shares the tenant API's port; its probes answer without the admin token (they say only
+whether the gateway is alive and serving), so the kubelet probes this port, whose
+connections tenant traffic cannot take (`fairpool_gateway.connections`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -36,8 +43,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayTenant
 from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcome, Rejection
-from fairpool_gateway.admin_auth import AdminAuth
-from fairpool_gateway.body import check_shape, load_json, prepare
+from fairpool_gateway.admin_auth import AdminAuth, authenticated
+from fairpool_gateway.body import check_shape, parse_body, prepare
+from fairpool_gateway.budget import Holding
+from fairpool_gateway.connections import connection_of
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.openapi import openapi_document
 from fairpool_gateway.pool import Pool, hold
@@ -50,11 +59,13 @@ from fairpool_gateway.protocol import (
     validate,
 )
 from fairpool_gateway.proxy import (
+    AnswerTooLarge,
     EngineError,
+    Relay,
     StreamRelay,
     UpstreamTimeout,
+    WholeRelay,
     WorkerUnreachable,
-    read_whole,
     send,
 )
 from fairpool_gateway.shared_limits import SharedLimiter
@@ -62,6 +73,7 @@ from fairpool_gateway.shared_limits import SharedLimiter
 T = TypeVar("T")
 log = logging.getLogger("fairpool.gateway")
 REQUEST_ID = "x-request-id"
+GATEWAY_REQUEST_ID = "x-fairpool-request-id"
 #: Output reserved against tokens per minute for a request that sets no output limit, in a
 #: pool that does not say its model's context (`maxModelLen`).
 DEFAULT_OUTPUT_RESERVATION = 4096
@@ -104,23 +116,35 @@ def tenant_app(gateway: Gateway) -> Starlette:
 
 
 def probe_routes(gateway: Gateway) -> list[Route]:
+    """`/healthz` and `/readyz`: alive, and serving. Ready once serving, whatever the pools'
+    workers: a pool without one answers 503 for its own requests, and never takes the
+    gateway out of service. They name nothing: the pools and the shared state are the
+    admin API's to show (`/admin/status`), to those with its token."""
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        """Ready once serving, whatever the pools' workers: a pool without one answers 503
-        for its own requests, and never takes the gateway out of service."""
-        pools = {
-            name: {"workersInRotation": len(pool.front.router.workers)}
-            for name, pool in gateway.pools.items()
-        }
         ready = gateway.ready
-        document: dict[str, object] = {"status": "ready" if ready else "starting", "pools": pools}
-        if gateway.shared is not None:  # down is reported, never a reason to stop serving
-            document.update(gateway.shared.status())
+        document: dict[str, object] = {"status": "ready" if ready else "starting"}
+        if authenticated(request.scope):  # the admin port, with its token (or none set)
+            document.update(serving_status(gateway))
         return JSONResponse(document, status_code=200 if ready else 503)
 
     return [Route("/healthz", healthz), Route("/readyz", readyz)]
+
+
+def serving_status(gateway: Gateway) -> dict[str, object]:
+    """Each pool's workers in rotation, and the shared state's health (down is reported,
+    never a reason to stop serving)."""
+    pools = {
+        name: {"workersInRotation": len(pool.front.router.workers)}
+        for name, pool in gateway.pools.items()
+    }
+    document: dict[str, object] = {"pools": pools}
+    if gateway.shared is not None:
+        document.update(gateway.shared.status())
+    return document
 
 
 async def not_found(request: Request, exc: Exception) -> Response:
@@ -132,11 +156,10 @@ async def not_allowed(request: Request, exc: Exception) -> Response:
     return error_response(error, None)
 
 
-def error_response(error: GatewayError, request_id: str | None) -> Response:
-    headers = dict(error.headers)
-    if request_id:
-        headers[REQUEST_ID] = request_id
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+def error_response(error: GatewayError, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(
+        error.body(), status_code=error.status, headers={**error.headers, **(headers or {})}
+    )
 
 
 @dataclass
@@ -144,15 +167,29 @@ class Exchange:
     """One request on its way through the gateway."""
 
     gateway: Gateway
-    request_id: str  # the client's x-request-id, echoed back
+    request_id: str  # the gateway's own: upstream, in the logs, in the limits
+    client_request_id: str | None  # the client's x-request-id, echoed back only
     path: str
     arrival: float
+    client: str  # the client's address
     tenant: GatewayTenant | None = None
+    holding: Holding | None = None  # its bytes in flight (body, then answer)
+    body_bytes: int = 0  # of those, the body's, until the engine has it
+    body_read: int = 0  # bytes of body read (what a refusal of it cost)
     pool: Pool | None = None
     parsed: ParsedRequest | None = None
     flight: Flight | None = None
     sent: bool = False  # handed to a worker (which may be serving it)
-    streaming: bool = False  # the answer's stream settles the flight from here on
+    relayed: bool = False  # a relay answers it: the relay settles and releases from here on
+
+    @property
+    def answer_headers(self) -> dict[str, str]:
+        """The request ids an answer carries: the client's echoed (ours if it sent none),
+        and ours."""
+        return {
+            REQUEST_ID: self.client_request_id or self.request_id,
+            GATEWAY_REQUEST_ID: self.request_id,
+        }
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -166,19 +203,68 @@ class Exchange:
         if self.flight is not None:
             self.flight.settle(outcome)
 
+    def engine_has_body(self) -> None:
+        """The engine has the request: its body no longer counts in the bytes in flight."""
+        if self.holding is not None:
+            self.holding.give_back(self.body_bytes)
+        self.body_bytes = 0
+
+    def release(self) -> None:
+        """Every byte this request holds (every exit path calls it)."""
+        if self.holding is not None:
+            self.holding.release()
+
 
 async def generate(gateway: Gateway, request: Request, endpoint: Endpoint) -> Response:
     """Serve one request of `endpoint`: every endpoint is this same path over the pool's
-    front. What a request costs the gateway is bounded before it is paid: the key is
-    checked on the headers, the tenant's request-rate and concurrency limits before the
-    body is read, the body's read time and size, and its parse (`body.load_json`)."""
-    exchange = Exchange(gateway, client_request_id(request), endpoint.path, time.monotonic())
+    front. Refusals of a tenant, or of a client without a valid key, that come in a storm
+    are damped (`fairpool_gateway.refusals`). The request's bytes in flight are given back
+    when its answer is done (by the relay, for a relayed answer)."""
+    client = request.client.host if request.client else ""
+    exchange = Exchange(
+        gateway,
+        uuid.uuid4().hex,
+        client_request_id(request),
+        endpoint.path,
+        time.monotonic(),
+        client,
+    )
+    try:
+        response = await serve_request(exchange, request, endpoint)
+        if refused(exchange, response):
+            who = exchange.tenant.tenant if exchange.tenant else client
+            await gateway.refusals.damp(who, response, exchange.body_read)
+        return response
+    finally:
+        if not exchange.relayed:
+            exchange.release()
+
+
+def refused(exchange: Exchange, response: Response) -> bool:
+    """Whether the gateway refused the request itself (a 4xx of its own, not the engine's,
+    nor a client that left): what a refusal storm is made of."""
+    status = response.status_code
+    return 400 <= status < 500 and status != CLIENT_CLOSED and not exchange.relayed
+
+
+async def serve_request(exchange: Exchange, request: Request, endpoint: Endpoint) -> Response:
+    """What a request costs the gateway is bounded before it is paid: the key is checked on
+    the headers, the tenant's request-rate and concurrency limits before the body is read,
+    the body's read time, size and bytes in flight, and its parse (`body.parse_body`)."""
+    gateway = exchange.gateway
     clients = gateway.config.clients
     try:
         exchange.tenant = gateway.tenants.authenticate(request.headers.get("authorization"))
+        if gateway.refusals.storming(exchange.tenant.tenant):
+            raise refusals_damped()
+        exchange.holding = gateway.bytes_in_flight.holding(exchange.tenant.tenant)
         gateway.limiter.check(exchange.tenant.tenant, exchange.tenant.limits)
-        raw = await read_body(request, gateway.config.max_request_bytes, clients.body_timeout)
-        document = load_json(raw, clients)
+        raw = await read_body(
+            request, gateway.config.max_request_bytes, clients.body_timeout, exchange.holding
+        )
+        exchange.body_bytes = exchange.holding.held
+        exchange.body_read = len(raw)
+        document = await parse_body(raw, clients)
         del raw
         exchange.pool = choose_pool(gateway, exchange.tenant, document.get("model"))
         check_shape(document, clients)
@@ -200,11 +286,24 @@ async def generate(gateway: Gateway, request: Request, endpoint: Endpoint) -> Re
     return response or Response(status_code=CLIENT_CLOSED)
 
 
-def client_request_id(request: Request) -> str:
-    """The client's `x-request-id`, echoed back and logged; a new one if it sent none (or
-    one over 128 characters). The front keys its requests by their own ids (`arrive`)."""
+def refusals_damped() -> GatewayError:
+    return GatewayError(
+        HTTPStatus.TOO_MANY_REQUESTS,
+        "This key's requests have been refused too often in the last seconds; its requests "
+        "are refused unread until they have not been for a while. Retry after the time given.",
+        "rate_limit_exceeded",
+        code="refusals_damped",
+        headers={"Retry-After": "1"},
+    )
+
+
+def client_request_id(request: Request) -> str | None:
+    """The client's `x-request-id`, to echo back: None if it sent none, or one over 128
+    characters or of other than printable ASCII."""
     given = request.headers.get(REQUEST_ID)
-    return given if given and len(given) <= 128 else uuid.uuid4().hex
+    if given and len(given) <= 128 and given.isascii() and given.isprintable():
+        return given
+    return None
 
 
 async def settled_on_every_path(exchange: Exchange) -> Response:
@@ -219,7 +318,7 @@ async def settled_on_every_path(exchange: Exchange) -> Response:
     except BaseException:
         exchange.settle(Outcome(status=500, reason="internal_error"))
         raise
-    if not exchange.streaming:
+    if not exchange.relayed:
         exchange.settle(Outcome(status=response.status_code, reason="unsettled"))
     return response
 
@@ -246,7 +345,7 @@ async def admit_and_forward(exchange: Exchange) -> Response:
     tenant, pool, parsed = exchange.tenant, exchange.pool, exchange.parsed
     assert tenant is not None and pool is not None and parsed is not None
     request = FrontRequest(
-        pool.front.unused_id(exchange.request_id),
+        exchange.request_id,
         tenant.tenant,
         parsed.key,
         parsed.estimated_input_tokens,
@@ -268,9 +367,9 @@ async def admit_and_forward(exchange: Exchange) -> Response:
             if exchange.flight.settled:  # released, but could not be routed
                 raise NoWorker(f"pool {pool.name!r} has no worker in rotation")
     except Rejection as rejection:
-        return error_response(limit_error(rejection), exchange.request_id)
+        return error_response(limit_error(rejection), exchange.answer_headers)
     except NoWorker as error:
-        return error_response(unavailable(pool, str(error)), exchange.request_id)
+        return error_response(unavailable(pool, str(error)), exchange.answer_headers)
     return await forward(exchange)
 
 
@@ -287,15 +386,17 @@ async def reserve_shared(shared: SharedLimiter, pool: Pool, request: FrontReques
 def output_reservation(parsed: ParsedRequest, pool: Pool) -> int:
     """The output a request may produce, reserved against its tenant's tokens per minute
     until the engine reports what it produced: its output limit (for each answer it asks
-    for), or when it sets none what the model's context leaves after the prompt (the pool's
-    `maxModelLen`; DEFAULT_OUTPUT_RESERVATION when the pool does not say)."""
+    for), never more than the model's context leaves after the prompt when the pool says
+    its context (`maxModelLen`: the engine stops there, whatever `max_tokens` says); when
+    the request sets no limit, what the context leaves (DEFAULT_OUTPUT_RESERVATION when the
+    pool does not say)."""
     limit = parsed.output_limit
+    context = pool.spec.max_model_len
+    room = None if context is None else max(context - parsed.estimated_input_tokens, 1)
     if limit is None:
-        context = pool.spec.max_model_len
-        if context is None:
-            limit = DEFAULT_OUTPUT_RESERVATION
-        else:
-            limit = max(context - parsed.estimated_input_tokens, 1)
+        limit = DEFAULT_OUTPUT_RESERVATION if room is None else room
+    elif room is not None:
+        limit = min(limit, room)
     return limit * parsed.choices
 
 
@@ -357,11 +458,15 @@ async def until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def read_body(request: Request, limit: int, timeout: float) -> bytes:
-    """The whole body, at most `limit` bytes (413) within `timeout` seconds (408)."""
+async def read_body(request: Request, limit: int, timeout: float, holding: Holding) -> bytearray:
+    """The whole body, at most `limit` bytes (413) within `timeout` seconds (408), held in
+    the tenant's bytes in flight from its first byte — from its declared length, before
+    any is read, when it declares one (429/503 when they have no room)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise too_large(limit)
+        holding.take(int(declared))
     body = bytearray()
     try:
         async with asyncio.timeout(timeout):
@@ -369,11 +474,12 @@ async def read_body(request: Request, limit: int, timeout: float) -> bytes:
                 body += chunk
                 if len(body) > limit:
                     raise too_large(limit)
+                holding.take(len(body) - holding.held)
     except TimeoutError:
         raise GatewayError(
             HTTPStatus.REQUEST_TIMEOUT, f"The request body did not arrive within {timeout:g} s."
         ) from None
-    return bytes(body)
+    return body
 
 
 def too_large(limit: int) -> GatewayError:
@@ -415,7 +521,7 @@ def refuse_early(exchange: Exchange, rejection: Rejection) -> Response:
     request = FrontRequest(exchange.request_id, exchange.tenant.tenant, "", 0)
     for listener in exchange.gateway.listeners:
         listener.rejected("none", request, rejection)
-    return error_response(limit_error(rejection), exchange.request_id)
+    return error_response(limit_error(rejection), exchange.answer_headers)
 
 
 def refuse(exchange: Exchange, error: GatewayError) -> Response:
@@ -423,36 +529,69 @@ def refuse(exchange: Exchange, error: GatewayError) -> Response:
     tenant, pool = exchange.labels
     reason = error.code or error.status.phrase
     exchange.gateway.ledger.refused(exchange.request_id, tenant, pool, int(error.status), reason)
-    return error_response(error, exchange.request_id)
+    return error_response(error, exchange.answer_headers)
 
 
 # ---------------------------------------------------------------------- forwarding
 
 
 async def forward(exchange: Exchange) -> Response:
-    """Send the dispatched request to its worker and relay the answer."""
-    parsed, flight = exchange.parsed, exchange.flight
+    """Send the dispatched request to its worker and relay the answer as it arrives."""
+    gateway, parsed, flight = exchange.gateway, exchange.parsed, exchange.flight
     assert parsed is not None and flight is not None
     try:
         upstream = await open_upstream(exchange)
     except GatewayError as error:
-        return error_response(error, exchange.request_id)
-    headers = {REQUEST_ID: exchange.request_id}
+        return error_response(error, exchange.answer_headers)
+    exchange.engine_has_body()
+    idle = gateway.config.timeouts.idle
     stream_format = parsed.endpoint.stream
-    if upstream.status >= 400 or not parsed.stream or stream_format is None:
-        return await relay_whole(exchange, upstream, headers)
-    timeouts = exchange.gateway.config.timeouts
-    relay = StreamRelay(
-        upstream,
-        stream_format,
-        parsed.wants_usage_chunk,
-        timeouts.idle,
-        on_output=flight.observe_output,
-        on_end=exchange.settle,  # the engine is done: settle now, whatever the client reads
+    relay: Relay
+    if upstream.status < 400 and parsed.stream and stream_format is not None:
+        relay = StreamRelay(
+            upstream,
+            stream_format,
+            parsed.wants_usage_chunk,
+            idle,
+            on_output=flight.observe_output,
+            on_end=exchange.settle,  # the engine is done: settle now, whatever the client reads
+            holding=exchange.holding,
+        )
+        headers, media_type = exchange.answer_headers, "text/event-stream"
+    else:
+        cap = gateway.config.clients.max_answer_bytes
+        declared = upstream.content_length
+        if declared is not None and declared > cap:
+            upstream.close()
+            return answer_too_large(exchange, AnswerTooLarge(declared, cap))
+        relay = WholeRelay(
+            upstream,
+            idle,
+            cap,
+            reserved_output=flight.request.output_limit or 0,
+            on_end=exchange.settle,
+            holding=exchange.holding,
+        )
+        headers = dict(exchange.answer_headers)
+        if declared is not None:
+            headers["content-length"] = str(declared)
+        media_type = upstream.headers.get("content-type", "application/json")
+    exchange.relayed = True
+    write_timeout = gateway.config.clients.write_timeout
+    return RelayResponse(exchange, relay, write_timeout, upstream.status, headers, media_type)
+
+
+def answer_too_large(exchange: Exchange, error: AnswerTooLarge) -> Response:
+    """A 502 naming the cap, for an answer the gateway will not relay."""
+    exchange.settle(Outcome(status=502, reason="answer_too_large"))
+    failure = GatewayError(
+        HTTPStatus.BAD_GATEWAY,
+        f"The model server's answer is too large: {error}.",
+        "server_error",
+        param="clients.maxAnswerBytes",
+        code="answer_too_large",
     )
-    exchange.streaming = True
-    write_timeout = exchange.gateway.config.clients.write_timeout
-    return RelayResponse(exchange, relay, write_timeout, headers=headers)
+    return error_response(failure, exchange.answer_headers)
 
 
 async def open_upstream(exchange: Exchange) -> aiohttp.ClientResponse:
@@ -514,43 +653,30 @@ async def open_upstream(exchange: Exchange) -> aiohttp.ClientResponse:
     raise unavailable(pool, failure, status)
 
 
-async def relay_whole(
-    exchange: Exchange, upstream: aiohttp.ClientResponse, headers: dict[str, str]
-) -> Response:
-    timeout = exchange.gateway.config.timeouts.total
-    try:
-        content, usage = await read_whole(upstream, timeout)
-    except (EngineError, UpstreamTimeout) as error:
-        status = 504 if isinstance(error, UpstreamTimeout) else 502
-        exchange.settle(Outcome(status=status, reason="upstream_failed"))
-        failure = GatewayError(
-            HTTPStatus(status), f"The model server failed: {error}", "server_error"
-        )
-        return error_response(failure, exchange.request_id)
-    exchange.settle(Outcome(upstream.status, usage, first_token_at=time.monotonic()))
-    return Response(
-        content,
-        status_code=upstream.status,
-        headers=headers,
-        media_type=upstream.headers.get("content-type", "application/json"),
-    )
-
-
 class RelayResponse(StreamingResponse):
-    """A relayed stream. It stops, and closes the engine's stream, as soon as the client
-    leaves (whatever ASGI version the server speaks) or stops reading for `write_timeout`
-    seconds, so the engine aborts the request; and it settles the request's flight when
-    it ends, however it ends (the engine finishing settles it earlier: `StreamRelay`)."""
+    """A relayed answer, streamed or not. It stops, and closes the engine's answer, as soon
+    as the client leaves (whatever ASGI version the server speaks) or stops reading for
+    `write_timeout` seconds, so the engine aborts the request; a client that stopped
+    reading gets its connection reset (RST: closing would wait to flush to it). An answer
+    that is not streamed and fails midway also ends in a reset: the client must not take a
+    short answer for a whole one. The request's flight is settled when the relay ends,
+    however it ends (the engine finishing settles it earlier), and its bytes in flight
+    given back."""
 
     def __init__(
         self,
         exchange: Exchange,
-        relay: StreamRelay,
+        relay: Relay,
         write_timeout: float,
-        headers: dict[str, str],
+        status_code: int = 200,
+        headers: dict[str, str] | None = None,
+        media_type: str = "text/event-stream",
     ) -> None:
         super().__init__(
-            relay.chunks(time.monotonic), headers=headers, media_type="text/event-stream"
+            relay.chunks(time.monotonic),
+            status_code=status_code,
+            headers=headers,
+            media_type=media_type,
         )
         self.exchange = exchange
         self.relay = relay
@@ -559,19 +685,24 @@ class RelayResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await unless_client_leaves(receive, self._relay(send))
+            await unless_client_leaves(receive, self._relay(scope, send))
         finally:
             iterator: Any = self.body_iterator
             await iterator.aclose()
             self.relay.close()
             self.exchange.settle(self.exchange.gateway.drain.outcome(self.relay.outcome()))
+            self.exchange.release()
             if self.stalled:
                 log.warning(
-                    "stream cut: the client stopped reading",
-                    extra={"request_id": self.exchange.request_id, "seconds": self.write_timeout},
+                    "answer cut: the client stopped reading",
+                    extra={
+                        "request_id": self.exchange.request_id,
+                        "client_request_id": self.exchange.client_request_id,
+                        "seconds": self.write_timeout,
+                    },
                 )
 
-    async def _relay(self, send: Send) -> None:
+    async def _relay(self, scope: Scope, send: Send) -> None:
         async def send_or_stall(message: Message) -> None:
             try:
                 async with asyncio.timeout(self.write_timeout):
@@ -580,8 +711,27 @@ class RelayResponse(StreamingResponse):
                 self.stalled = True
                 raise _Stalled from None
 
-        with contextlib.suppress(OSError, _Stalled):  # the client went away, or stalled
-            await self.stream_response(send_or_stall)
+        connection = connection_of(scope)
+        try:
+            await send_or_stall(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async for chunk in self.body_iterator:
+                await send_or_stall(
+                    {"type": "http.response.body", "body": chunk, "more_body": True}
+                )
+            if self.relay.error is not None and isinstance(self.relay, WholeRelay):
+                raise _Stalled  # not a whole answer: the connection is reset, not ended
+            await send_or_stall({"type": "http.response.body", "body": b"", "more_body": False})
+        except _Stalled:
+            if connection is not None:
+                connection.reset()
+        except OSError:  # the client went away
+            pass
 
 
 class _Stalled(Exception):
@@ -610,12 +760,26 @@ def admin_app(gateway: Gateway) -> Starlette:
     async def pools(request: Request) -> Response:
         return JSONResponse({name: pool.snapshot() for name, pool in gateway.pools.items()})
 
+    async def status(request: Request) -> Response:
+        """Serving or not, the pools' workers, the shared state, and what clients hold."""
+        guards = {
+            "connections": {
+                "tenant": gateway.connections.tenant.open,
+                "admin": gateway.connections.admin.open,
+            },
+            "bytesInFlight": gateway.bytes_in_flight.total,
+            "eventLoopLagSeconds": round(gateway.lag.recent(), 4),
+        }
+        document = {"status": "ready" if gateway.ready else "starting"}
+        return JSONResponse({**document, **serving_status(gateway), "clients": guards})
+
     return Starlette(
         routes=[
             Route("/metrics", metrics),
             Route("/admin/tenants", tenants),
             Route("/admin/tenants/{tenant}", tenant),
             Route("/admin/pools", pools),
+            Route("/admin/status", status),
             *probe_routes(gateway),
         ],
         exception_handlers={404: not_found, 405: not_allowed},

@@ -1,43 +1,200 @@
-"""Client connections the gateway does not let linger: uvicorn's HTTP protocol with a
-deadline for each request's headers.
+"""Client connections, accounted and bounded before they cost anything: uvicorn's HTTP
+protocol with a budget of connections per port and per client address, deadlines for
+each request's first line and headers, and a reset (RST) for a connection the gateway
+gives up on.
 
-uvicorn closes a keep-alive connection that stays idle after a response, but a client
-that connects and then sends its headers a byte at a time (or never) holds the connection
-for as long as it likes. Here every request's headers must be complete within
-`header_timeout` seconds of the connection opening or of the previous response ending;
-the connection is closed otherwise. With uvicorn's `limit_concurrency` (the gateway's
-`clients.maxConnections`: beyond it new requests get 503), this bounds what silent or
-slow connections can hold.
+**Budgets.** The tenant port and the admin port (metrics, the kubelet's probes) count
+their connections apart (`ConnectionBudget`): tenant traffic can never take the admin
+port's connections, so probes and scrapes answer whatever tenants do. Each port bounds its
+open connections in all and from one client address; a connection over either bound is
+reset the moment it is accepted, before a byte of it is read, and counted
+(`fairpool_gateway_connections_refused`). One address opening thousands of idle
+connections so holds at most its own share, and every other client is served.
+
+**Deadlines.** A connection must start its request within `idleTimeout` seconds of
+opening (or of its previous answer, on a kept-alive connection) and send its whole headers
+within `headerTimeout`; it is reset otherwise. A client that connects and sends
+nothing, or trickles its headers, holds its slot for seconds, not for as long as it likes.
+
+**Resets.** A connection the gateway ends on its own — over budget, too slow, or a
+stream cut because its client stopped reading — is aborted with SO_LINGER 0: the kernel
+sends RST and drops what is unsent. Closing gracefully would wait to flush to a client
+that advertises a zero window, and the socket would stay established for minutes.
+Requests reach the connection's handle through their ASGI scope (`connection_of`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+log = logging.getLogger("fairpool.gateway")
 
-class HeaderDeadlineProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol whose requests must send their headers within a deadline."""
+#: The scope key under which a request finds its connection (`connection_of`).
+SCOPE_KEY = "fairpool.connection"
+_LINGER_ZERO = struct.pack("ii", 1, 0)
 
-    header_timeout = 10.0  # set by `with_header_timeout`
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one port allows: open connections in all, and from one client address."""
+
+    total: int
+    per_client: int
+
+
+@dataclass
+class ConnectionBudget:
+    """The open connections of one port, in all and by client address. `limits` is read
+    at every connection, so a reloaded configuration applies to the next one."""
+
+    port: str  # "tenant" or "admin", for metrics and logs
+    limits: Callable[[], ConnectionLimits]
+    open: int = 0
+    by_client: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)  # reason → connections reset
+
+    def take(self, client: str) -> str | None:
+        """Count a new connection from `client`; the reason it is refused, or None."""
+        limits = self.limits()
+        if self.open >= limits.total:
+            reason = "total"
+        elif self.by_client[client] >= limits.per_client:
+            reason = "per_client"
+        else:
+            self.open += 1
+            self.by_client[client] += 1
+            return None
+        self.refused[reason] += 1
+        return reason
+
+    def give_back(self, client: str) -> None:
+        self.open -= 1
+        left = self.by_client[client] - 1
+        if left > 0:
+            self.by_client[client] = left
+        else:
+            del self.by_client[client]
+
+
+@dataclass
+class Ports:
+    """The budgets of both ports, and which local port number is the admin one."""
+
+    tenant: ConnectionBudget
+    admin: ConnectionBudget
+    admin_port: int | None = None  # set once the admin socket is bound
+
+    def budget_for(self, local_port: int | None) -> ConnectionBudget:
+        return self.admin if local_port == self.admin_port else self.tenant
+
+
+def reset(transport: asyncio.Transport) -> None:
+    """End a connection at once with RST, dropping whatever is unsent."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already gone: aborting is all that is left
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+    transport.abort()
+
+
+class Connection:
+    """What a request may do to its own connection (`connection_of`). It refers to the
+    connection weakly: the request's scope holds it, and the connection the scope."""
+
+    def __init__(self, protocol: GuardedProtocol) -> None:
+        self._protocol = weakref.ref(protocol)
+
+    def reset(self) -> None:
+        """Abort the connection with RST (a stream cut for a client that stopped reading)."""
+        protocol = self._protocol()
+        transport = None if protocol is None else protocol.transport
+        if transport is not None and not transport.is_closing():
+            reset(transport)
+
+
+def connection_of(scope: Scope) -> Connection | None:
+    """The connection a request came on (None outside the gateway's server)."""
+    found = scope.get(SCOPE_KEY)
+    return found if isinstance(found, Connection) else None
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol with the budgets, deadlines and resets of the module's
+    docstring. `configured` makes the class a server uses."""
+
+    ports: Ports  # set by `configured`
+    idle_timeout = 3.0
+    header_timeout = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._header_deadline: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._budget: ConnectionBudget | None = None  # set while counted
+        self._address = ""
+        self._handle = Connection(self)
+        self._waiting_since = 0.0  # when the deadlines of the next request started
 
     @classmethod
-    def with_header_timeout(cls, seconds: float) -> type[HeaderDeadlineProtocol]:
-        return type(cls.__name__, (cls,), {"header_timeout": seconds})
+    def configured(
+        cls, ports: Ports, idle_timeout: float, header_timeout: float
+    ) -> type[GuardedProtocol]:
+        attributes = {
+            "ports": ports,
+            "idle_timeout": idle_timeout,
+            "header_timeout": header_timeout,
+        }
+        return type(cls.__name__, (cls,), attributes)
+
+    # ------------------------------------------------------------------ connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        local_port = self.server[1] if self.server else None
+        budget = self.ports.budget_for(local_port)
+        self._address = self.client[0] if self.client else ""
+        refusal = budget.take(self._address)
+        if refusal is not None:
+            log.debug("connection reset: over the %s port's %s budget", budget.port, refusal)
+            reset(transport)
+            return
+        self._budget = budget
+        self._await_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._budget is not None:
+            self._budget.give_back(self._address)
+            self._budget = None
         super().connection_lost(exc)
+        # uvicorn's protocol and its request cycle refer to each other, so they go only with
+        # a full collection of the cyclic garbage, which a serving process runs rarely
+        # (`tune_collector_for_serving`). What a gone client sent and nobody read must not
+        # wait that long: refused bodies, hundreds a second, would hold hundreds of MB.
+        if self.cycle is not None:
+            self.cycle.body = bytearray()
+        self.cycle = None  # type: ignore[assignment]  # the cycle's task may outlive us
+        self.pipeline.clear()
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[SCOPE_KEY] = self._handle  # type: ignore[literal-required]
+        # The request has started: its headers get what is left of `header_timeout`.
+        left = self._waiting_since + self.header_timeout - self.loop.time()
+        self._arm(max(left, 0.001))
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -46,19 +203,25 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._arm()  # the next request on this connection
+            self._await_request()  # the next request on this connection
 
-    def _arm(self) -> None:
+    # ------------------------------------------------------------------ deadlines
+
+    def _await_request(self) -> None:
+        self._waiting_since = self.loop.time()
+        self._arm(min(self.idle_timeout, self.header_timeout))
+
+    def _arm(self, seconds: float) -> None:
         self._disarm()
-        self._header_deadline = self.loop.call_later(self.header_timeout, self._too_slow)
+        self._deadline = self.loop.call_later(seconds, self._too_slow)
 
     def _disarm(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
     def _too_slow(self) -> None:
-        self._header_deadline = None
+        self._deadline = None
         idle = self.cycle is None or self.cycle.response_complete
         if idle and not self.transport.is_closing():
-            self.transport.close()
+            reset(self.transport)

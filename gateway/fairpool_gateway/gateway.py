@@ -14,14 +14,18 @@ import httpx
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.files import FileWatch
 from fairpool.front import FrontListener, Limiter, TenantLimiter
-from fairpool.runtime import cancel_and_wait
+from fairpool.runtime import LoopLag, cancel_and_wait
 from fairpool.sched.errors import ConfigError
+from fairpool_gateway.budget import ByteLimits, BytesInFlight
+from fairpool_gateway.connections import ConnectionBudget, ConnectionLimits, Ports
 from fairpool_gateway.drain import Drain
 from fairpool_gateway.fleet_shares import FleetShares, ServiceRecorder
+from fairpool_gateway.heard import Ignored, Kind
 from fairpool_gateway.metrics import GatewayMetrics, RequestLedger
 from fairpool_gateway.pool import Pool
 from fairpool_gateway.processes import config_for_worker
 from fairpool_gateway.proxy import upstream_session
+from fairpool_gateway.refusals import Refusals, Storms
 from fairpool_gateway.shared_fronts import SharedFronts
 from fairpool_gateway.shared_limits import SharedLimiter, read_password
 from fairpool_gateway.tenants import TenantTable
@@ -40,8 +44,17 @@ class Gateway:
         self.config = config
         self.config_path = Path(config_path) if config_path else None
         self.tenants = TenantTable(config)
+        #: What clients may hold of the gateway (each reads the configuration in force).
+        self.connections = Ports(
+            ConnectionBudget("tenant", self._tenant_connection_limits),
+            ConnectionBudget("admin", self._admin_connection_limits),
+        )
+        self.bytes_in_flight = BytesInFlight(self._byte_limits)
+        self.refusals = Refusals(self._storms)
+        self.lag = LoopLag()
         self.metrics = GatewayMetrics()
         self.metrics.add_state(self._deficits, self._queues, self._workers, self._quanta)
+        self.metrics.add_guards(self.connections, self.bytes_in_flight, self.refusals, self.lag)
         # One limiter for all pools: a tenant's limits span them. Shared by the replicas
         # in Redis when `sharedState` says where (fixed at start, not reloaded).
         self.shared: SharedLimiter | None = None
@@ -57,7 +70,9 @@ class Gateway:
         self.peers: SharedFronts | None = None
         if config.shared_state is not None:
             shared = SharedLimiter(
-                config.shared_state, password=read_password(config.shared_state.password_file)
+                config.shared_state,
+                password=read_password(config.shared_state.password_file),
+                ignored=Ignored(self._count_ignored),
             )
             self.metrics.add_shared_state(lambda: shared.up)
             self.shared = self.limiter = shared
@@ -69,7 +84,9 @@ class Gateway:
             )
             self.metrics.registry.register(self.fleet)
             self.peers = SharedFronts(
-                shared, lambda: {name: pool.front for name, pool in self.pools.items()}
+                shared,
+                lambda: {name: pool.front for name, pool in self.pools.items()},
+                lambda: self.tenants.tenants,  # the table in force: a reload replaces it
             )
             self.listeners.append(self.peers)
         self._session: aiohttp.ClientSession | None = None  # to the workers; made in start()
@@ -79,6 +96,7 @@ class Gateway:
         self.pools: dict[str, Pool] = {}
         self._by_model: dict[str, Pool] = {}
         self._reloader: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
         self._config_file = FileWatch(self.config_path) if self.config_path else None
         self.drain = Drain()  # the shutdown, as the server runs it (fairpool_gateway.drain)
@@ -91,6 +109,7 @@ class Gateway:
         return self._session
 
     async def start(self) -> None:
+        self._lag_task = asyncio.create_task(self.lag.run())
         self._session = upstream_session()
         if self.shared is not None:
             await self.shared.start()
@@ -100,8 +119,7 @@ class Gateway:
         self._reloader = asyncio.create_task(self._watch_config())
 
     async def stop(self) -> None:
-        if self._reloader is not None:
-            await cancel_and_wait([self._reloader])
+        await cancel_and_wait(task for task in (self._reloader, self._lag_task) if task)
         for pool in self.pools.values():
             await pool.stop()
         if self._session is not None:
@@ -145,7 +163,15 @@ class Gateway:
                 del self.pools[name]
         for name, spec in wanted.items():
             if name not in self.pools:
-                pool = Pool(spec, config, weights, self.limiter, self.listeners, self.health_client)
+                pool = Pool(
+                    spec,
+                    config,
+                    weights,
+                    self.limiter,
+                    self.listeners,
+                    self.health_client,
+                    self.lag,
+                )
                 pool.start()
                 self.pools[name] = pool
             self.pools[name].set_weights(weights)
@@ -165,6 +191,27 @@ class Gateway:
                 log.error("configuration change refused, keeping the last good one: %s", error)
                 continue
             self.reload(config_for_worker(config, self.workers))
+
+    # ------------------------------------------------------------------ client bounds
+
+    def _tenant_connection_limits(self) -> ConnectionLimits:
+        clients = self.config.clients
+        return ConnectionLimits(clients.max_connections, clients.max_connections_per_client)
+
+    def _admin_connection_limits(self) -> ConnectionLimits:
+        admin = self.config.admin
+        return ConnectionLimits(admin.max_connections, admin.max_connections_per_client)
+
+    def _storms(self) -> Storms:
+        clients = self.config.clients
+        return Storms(clients.refusal_burst, clients.refusal_rate)
+
+    def _byte_limits(self) -> ByteLimits:
+        clients = self.config.clients
+        return ByteLimits(clients.max_bytes_in_flight, clients.max_tenant_bytes_in_flight)
+
+    def _count_ignored(self, kind: Kind, times: int) -> None:
+        self.metrics.shared_state_ignored.labels(kind).inc(times)
 
     # ------------------------------------------------------------------ state
 

@@ -11,14 +11,22 @@ unknown model) are recorded through the same `refused`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fairpool.front import Flight, FrontListener, FrontRequest, Rejection, Settlement
+from fairpool.runtime import LoopLag
 from fairpool.sched.routers import RouteDecision
+
+if TYPE_CHECKING:  # the guards import nothing of the metrics; only their types are named
+    from fairpool_gateway.budget import BytesInFlight
+    from fairpool_gateway.connections import Ports
+    from fairpool_gateway.refusals import Refusals
 
 log = logging.getLogger("fairpool.gateway")
 
@@ -101,6 +109,13 @@ class GatewayMetrics:
             ("pool",),
             registry=self.registry,
         )
+        self.shared_state_ignored = Counter(
+            "fairpool_gateway_shared_state_ignored",
+            "Entries read from the shared state and ignored as no replica's (forged or "
+            "corrupt), and writes the server refused, by kind (docs/gateway.md).",
+            ("kind",),
+            registry=self.registry,
+        )
 
     def add_state(
         self,
@@ -113,6 +128,55 @@ class GatewayMetrics:
 
     def add_shared_state(self, up: Callable[[], bool]) -> None:
         self.registry.register(_SharedStateCollector(up))
+
+    def add_guards(
+        self, ports: Ports, held: BytesInFlight, refusals: Refusals, lag: LoopLag
+    ) -> None:
+        self.registry.register(_GuardsCollector(ports, held, refusals, lag))
+
+
+class _GuardsCollector(Collector):
+    """What clients hold of the gateway, and what it refused them, read at scrape time."""
+
+    def __init__(self, ports: Ports, held: BytesInFlight, refusals: Refusals, lag: LoopLag) -> None:
+        self.ports, self.held, self.refusals, self.lag = ports, held, refusals, lag
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        connections = GaugeMetricFamily(
+            "fairpool_gateway_connections", "Open client connections.", labels=("port",)
+        )
+        reset = CounterMetricFamily(
+            "fairpool_gateway_connections_refused",
+            "Connections reset on arrival: over the port's total or per-address budget.",
+            labels=("port", "reason"),
+        )
+        for budget in (self.ports.tenant, self.ports.admin):
+            connections.add_metric((budget.port,), budget.open)
+            for reason in ("total", "per_client"):
+                reset.add_metric((budget.port, reason), budget.refused[reason])
+        held = GaugeMetricFamily(
+            "fairpool_gateway_bytes_in_flight",
+            "Bytes of request bodies and answers held for clients, all tenants together.",
+            value=self.held.total,
+        )
+        over = CounterMetricFamily(
+            "fairpool_gateway_bytes_refused",
+            "Request bodies refused for want of room in a tenant's or the total byte budget.",
+            labels=("budget",),
+        )
+        for whose, count in self.held.refused.items():
+            over.add_metric((whose,), count)
+        damped = CounterMetricFamily(
+            "fairpool_gateway_refusals_damped",
+            "Refusals held back and closed because their tenant or address was refused in a storm.",
+            value=self.refusals.damped,
+        )
+        lag = GaugeMetricFamily(
+            "fairpool_gateway_event_loop_lag_seconds",
+            "The longest the gateway's event loop ran late in the last second.",
+            value=self.lag.recent(),
+        )
+        yield from (connections, reset, held, over, damped, lag)
 
 
 class _SharedStateCollector(Collector):
@@ -190,13 +254,18 @@ class RequestLedger(FrontListener):
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.metrics = metrics
+        self.refusal_log = SampledLog()
 
     def refused(
         self, request_id: str | None, tenant: str, pool: str, status: int, reason: str
     ) -> None:
-        """A request refused before it was served (any status, any stage)."""
+        """A request refused before it was served (any status, any stage): always counted,
+        logged as sampled (`SampledLog`)."""
         self.metrics.requests.labels(tenant, pool, str(status)).inc()
         self.metrics.rejections.labels(tenant, pool, reason).inc()
+        suppressed = self.refusal_log.admit((tenant, pool, status, reason))
+        if suppressed is None:
+            return
         log.info(
             "request refused",
             extra={
@@ -205,6 +274,7 @@ class RequestLedger(FrontListener):
                 "pool": pool,
                 "status": status,
                 "reason": reason,
+                "suppressed": suppressed,
             },
         )
 
@@ -253,3 +323,26 @@ class RequestLedger(FrontListener):
                 "seconds": round(settlement.finished_at - settlement.arrival, 4),
             },
         )
+
+
+class SampledLog:
+    """At most one log line per kind of event and `interval` seconds: a storm of refusals
+    (a client retrying without back-off) must not become a storm of log lines. The line
+    that is written says how many of its kind were left out since the last."""
+
+    def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._last: dict[object, tuple[float, int]] = {}  # kind → (written at, left out)
+
+    def admit(self, kind: object) -> int | None:
+        """None: leave this one out; else write it, saying this many were left out."""
+        now = self.clock()
+        written, left_out = self._last.get(kind, (-self.interval, 0))
+        if now - written < self.interval:
+            self._last[kind] = (written, left_out + 1)
+            return None
+        if len(self._last) >= 10_000:
+            self._last.clear()  # kinds are tenants × reasons: bounded, but never trusted to be
+        self._last[kind] = (now, 0)
+        return left_out

@@ -25,6 +25,7 @@ import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, GatewayPool
 from fairpool.front import CLIENT_CLOSED, Flight, FrontListener, Limiter, Outcome, PoolFront
+from fairpool.runtime import LoopLag
 from fairpool.sched.routers import ChainProfile
 from fairpool_gateway.discovery import discovery_for
 from fairpool_gateway.workers import Load, WorkerHealth, WorkerMonitor
@@ -41,6 +42,7 @@ class Pool:
         limiter: Limiter,
         listeners: list[FrontListener],
         health_client: httpx.AsyncClient,
+        lag: LoopLag | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -64,6 +66,7 @@ class Pool:
             interval=config.health_interval,
             timeout=config.timeouts.health,
             on_change=self._worker_changed,
+            lag=lag,
         )
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -276,7 +276,8 @@ class ParsedRequest:
     endpoint: Endpoint
     upstream: bytes  # the body to send to the engine
     key: str  # the routing key: the prompt, after the tenant where caches are kept apart
-    prompt_chars: int  # what the input estimate counts
+    prompt_chars: int  # the prompt's text, in characters
+    other_input_chars: int  # the rest of the input: tools, schemas, non-text parts
     stream: bool
     wants_usage_chunk: bool
     output_limit: int | None
@@ -284,7 +285,9 @@ class ParsedRequest:
 
     @property
     def estimated_input_tokens(self) -> int:
-        return max(1, tokens_for_chars(self.prompt_chars))
+        """The input the request is admitted, queued and reserved with, until the engine
+        reports what it read: every prompt-bearing field, not the text alone."""
+        return max(1, tokens_for_chars(self.prompt_chars + self.other_input_chars))
 
 
 def error_body(status: HTTPStatus, message: str, error_type: str) -> bytes:

@@ -20,7 +20,7 @@ from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
 from fairpool.runtime import ServerInThread, tune_collector_for_serving
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway.app import admin_app, tenant_app
-from fairpool_gateway.connections import HeaderDeadlineProtocol
+from fairpool_gateway.connections import GuardedProtocol
 from fairpool_gateway.gateway import Gateway
 from fairpool_gateway.processes import config_for_worker, run_workers
 from fairpool_gateway.protocol import GatewayError
@@ -85,8 +85,7 @@ class GatewayASGI:
             tenant = self.gateway.tenants.authenticate(headers.get("authorization")).tenant
         except GatewayError:
             tenant = "unknown"
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
-        self.gateway.ledger.refused(request_id, tenant, "none", 503, "shutting_down")
+        self.gateway.ledger.refused(uuid.uuid4().hex, tenant, "none", 503, "shutting_down")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -152,12 +151,16 @@ def make_server(
     freeze: bool = False,
     drain_seconds: float | None = None,
 ) -> GatewayServer:
-    app = GatewayASGI(gateway, admin_socket.getsockname()[1], freeze)
+    admin_port = admin_socket.getsockname()[1]
+    app = GatewayASGI(gateway, admin_port, freeze)
     clients = gateway.config.clients
+    gateway.connections.admin_port = admin_port
+    protocol = GuardedProtocol.configured(
+        gateway.connections, clients.idle_timeout, clients.header_timeout
+    )
     config = uvicorn.Config(
         app,
-        http=HeaderDeadlineProtocol.with_header_timeout(clients.header_timeout),
-        limit_concurrency=clients.max_connections,
+        http=protocol,
         lifespan="on",
         log_config=None,
         access_log=False,

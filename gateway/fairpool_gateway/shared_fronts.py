@@ -6,12 +6,12 @@ caches its prompts once the tenant's service there has used its credit, Q^w, and
 queue orders tenants by their weighted service. A replica that counted only its own
 requests would see a tenant's credit last N times longer through N replicas (each sees a
 N-th of the traffic), and order its queue by a N-th of the service. So each replica tells
-the others what every settled request was charged on its worker — one `XADD` to the
-pool's stream in the server, sent with the settlement in the same round trip — and reads
-what the others charged every `POLL_SECONDS`, applying it to its own front
-(`PoolFront.charged_elsewhere`: the router's deficits and the queue's counters). Every
-replica refills by the same rule from the same charges, so their tables agree but for
-requests still in flight elsewhere (a charge is told at completion) and the last poll.
+the others what every settled request was charged on its worker — one entry added to the
+pool's stream in the server (`charges.lua`), sent with the settlement in the same round
+trip — and reads what the others charged every `POLL_SECONDS`, applying it to its own
+front (`PoolFront.charged_elsewhere`: the router's deficits and the queue's counters).
+Every replica refills by the same rule from the same charges, so their tables agree but
+for requests still in flight elsewhere (a charge is told at completion) and the last poll.
 
 **Holdings.** With the same poll, each replica publishes for each pool what it holds —
 its requests in flight per worker, and per tenant its requests queued and the tenant's
@@ -31,6 +31,14 @@ has this replica publish its holdings at once (at most every `MIN_INTERVAL` seco
 `PUBLISH` a wake-up on the replicas' channel in the same round trip; a replica that hears
 one publishes and reads the holdings at once, without waking the others in turn.
 
+**Nothing heard is trusted** (`fairpool_gateway.heard`): a charge counts only if it is
+one a replica writes — from a replica's id, of one of the gateway's tenants, a finite
+service above zero and no more than one request can cost (`CostModel.most_service`) —
+and a report only if its replica is live and it parses within `ReplicaState`'s bounds.
+The scripts delete what no replica writes (a key of another type, a report of a replica
+that is not live, an expiry further ahead than a report lives) and leave out what is
+over the byte bounds; the rest is ignored here, logged and counted.
+
 The prefix tree stays per replica: each learns which worker caches what from what it sent.
 """
 
@@ -39,17 +47,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from importlib import resources
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from fairpool.front import FrontListener, PoolFront, Settlement
-from fairpool.front.peers import HeardPeers, ReplicaState
+from fairpool.front.peers import REPORT_BYTES, HeardPeers, ReplicaState
 from fairpool.runtime import cancel_and_wait, wait_at_most
 from fairpool.sched.errors import ConfigError
+from fairpool_gateway import heard
+from fairpool_gateway.heard import Untrusted
 from fairpool_gateway.shared_limits import SharedLimiter
 
 log = logging.getLogger("fairpool.gateway")
@@ -62,8 +73,16 @@ STREAM_LENGTH = 10_000
 STATE_SECONDS = 1.0
 #: The shortest time between two exchanges, however many wake-ups come.
 MIN_INTERVAL = 0.005
+#: Charges read at most per pool and poll.
+READ_COUNT = 1000
+#: The most bytes of one charge (its four fields are far shorter), and of all the reports
+#: heard for one pool (each is at most `REPORT_BYTES`).
+CHARGE_BYTES = 4096
+REPORTS_BYTES = 16 * REPORT_BYTES
 
-STATES_SCRIPT = resources.files("fairpool_gateway").joinpath("replica_states.lua").read_text()
+_SCRIPTS = resources.files("fairpool_gateway")
+STATES_SCRIPT = _SCRIPTS.joinpath("replica_states.lua").read_text()
+CHARGES_SCRIPT = _SCRIPTS.joinpath("charges.lua").read_text()
 
 
 class SharedFronts(FrontListener):
@@ -71,13 +90,21 @@ class SharedFronts(FrontListener):
     docstring). `fronts` gives the pools' fronts by pool name."""
 
     def __init__(
-        self, shared: SharedLimiter, fronts: Callable[[], Mapping[str, PoolFront]]
+        self,
+        shared: SharedLimiter,
+        fronts: Callable[[], Mapping[str, PoolFront]],
+        tenants: Callable[[], Container[str]] | None = None,
     ) -> None:
         self.shared = shared
         self.fronts = fronts
+        #: The tenants a charge may name (the gateway's table); None: any. A charge of
+        #: another would add a tenant to every replica's tables: a forged flood of them
+        #: would fill the replicas' memory.
+        self.tenants = tenants
         self.replica = uuid.uuid4().hex[:12]
         self._last: dict[str, str] = {}  # pool → id of the last entry read
         self._states = shared.client.register_script(STATES_SCRIPT)
+        self._charges = shared.client.register_script(CHARGES_SCRIPT)
         self._tasks: list[asyncio.Task[None]] = []
         self._due = asyncio.Event()  # exchange now, not at the next poll
         self._tell = False  # ... and wake the other replicas with it
@@ -102,17 +129,20 @@ class SharedFronts(FrontListener):
         if peers is not None and peers.waiting_counters():  # the slot may be theirs
             self._tell = True
             self._due.set()
-        if settlement.service <= 0:
+        if not 0 < settlement.service < math.inf:
             return
-        fields = {
-            "replica": self.replica,
-            "tenant": settlement.request.tenant,
-            "worker": settlement.worker,
-            "service": repr(settlement.service),
-        }
-        key = self.key(settlement.pool)
+        # A charge past what one request can cost is no replica's (the others ignore it):
+        # one charged its output limit for want of usage is told as the most there is.
+        most = math.inf if front is None else front.cost.most_service()
+        arguments = [
+            "tell",
+            STREAM_LENGTH,
+            *("replica", self.replica, "tenant", settlement.request.tenant),
+            *("worker", settlement.worker, "service", repr(min(settlement.service, most))),
+        ]
+        keys = [self.key(settlement.pool)]
         self.shared.send_soon(
-            lambda pipeline: pipeline.xadd(key, fields, maxlen=STREAM_LENGTH, approximate=True)
+            lambda pipeline: self._charges(keys=keys, args=arguments, client=pipeline)
         )
 
     async def start(self) -> None:
@@ -125,41 +155,50 @@ class SharedFronts(FrontListener):
                 pipeline = self.shared.client.pipeline(transaction=False)
                 for pool in self.fronts():
                     replicas, holdings = self._state_keys(pool)
-                    pipeline.zrem(replicas, self.replica)
+                    # the report first: one whose replica is not live is taken for forged
                     pipeline.hdel(holdings, self.replica)
+                    pipeline.zrem(replicas, self.replica)
                 await pipeline.execute()
 
     # ------------------------------------------------------------------ charges
 
     async def poll(self) -> int:
         """Read and apply what the other replicas charged since the last poll; returns
-        how many charges were applied. Pools seen for the first time start from now."""
-        client = self.shared.client
+        how many charges were applied. Pools seen for the first time start from now.
+        A charge that is not one a replica writes is ignored (`heard.charge`)."""
         fronts = self.fronts()
         for pool in fronts:
             if pool not in self._last:  # after the stream's last entry (or its start)
-                last = await client.xrevrange(self.key(pool), count=1)
-                self._last[pool] = _text(last[0][0]) if last else "0-0"
-        streams = {self.key(pool): self._last[pool] for pool in fronts}
-        if not streams:
+                last = await self._charges(keys=[self.key(pool)], args=["last"])
+                self._last[pool] = _text(last)
+        if not fronts:
             return 0
-        answer = await client.xread(streams, count=1000)
+        pipeline = self.shared.client.pipeline(transaction=False)
+        for pool in fronts:
+            arguments = ["read", self._last[pool], READ_COUNT, CHARGE_BYTES]
+            await self._charges(keys=[self.key(pool)], args=arguments, client=pipeline)
+        answers = await pipeline.execute()
         applied = 0
-        by_key = {self.key(pool): pool for pool in fronts}
-        for key, entries in answer or []:
-            pool = by_key[_text(key)]
+        for (pool, front), entries in zip(fronts.items(), answers, strict=True):
             for entry_id, fields in entries:
                 self._last[pool] = _text(entry_id)
-                values = {_text(name): _text(value) for name, value in fields.items()}
-                if values.get("replica") == self.replica:
-                    continue
-                try:
-                    service = float(values["service"])
-                    fronts[pool].charged_elsewhere(values["tenant"], values["worker"], service)
-                except (KeyError, ValueError):
-                    continue  # not one of ours: nothing to apply
-                applied += 1
+                applied += self._apply(front, dict(_pairs(fields)))
         return applied
+
+    def _apply(self, front: PoolFront, fields: Mapping[str, Any]) -> int:
+        """Apply one charge read from the stream to `front`: 1 if it was another
+        replica's, 0 if this one's or ignored."""
+        try:
+            charge = heard.charge(fields, front.cost.most_service())
+            if self.tenants is not None and charge.tenant not in self.tenants():
+                raise Untrusted("charge", f"tenant {charge.tenant!r:.80} is not the gateway's")
+        except Untrusted as error:
+            self.shared.ignored.untrusted(error)
+            return 0
+        if charge.replica == self.replica:
+            return 0
+        front.charged_elsewhere(charge.tenant, charge.worker, charge.service)
+        return 1
 
     # ------------------------------------------------------------------ holdings
 
@@ -172,19 +211,28 @@ class SharedFronts(FrontListener):
             return
         pipeline = self.shared.client.pipeline(transaction=False)
         for pool, front in fronts.items():
-            arguments = [self.replica, front.replica_state().to_json(), STATE_SECONDS]
+            report = front.replica_state().to_json()
+            arguments = [self.replica, report, STATE_SECONDS, REPORT_BYTES, REPORTS_BYTES]
             await self._states(keys=self._state_keys(pool), args=arguments, client=pipeline)
         if wake_others:
             pipeline.publish(self.channel, self.replica)
         answers = (await pipeline.execute())[: len(fronts)]  # the wake-up's answer last
-        for front, answer in zip(fronts.values(), answers, strict=True):
-            heard = {}
-            for replica, text in _pairs(answer):
-                if replica == self.replica:
-                    continue
-                with contextlib.suppress(ConfigError):  # not one of ours: nothing to count
-                    heard[replica] = ReplicaState.from_json(text)
-            self._hear(front, heard)
+        for front, (reports, ignored) in zip(fronts.values(), answers, strict=True):
+            self.shared.ignored("report", f"the script removed or left out {ignored}", ignored)
+            self._hear(front, self._reports(reports))
+
+    def _reports(self, reports: Any) -> dict[str, ReplicaState]:
+        """The other replicas' reports among the live ones the script returned; one that
+        is not a replica's report is ignored (`ReplicaState.from_json`)."""
+        states = {}
+        for replica, text in _pairs(reports):
+            if replica == self.replica:
+                continue
+            try:
+                states[replica] = ReplicaState.from_json(text)
+            except ConfigError as error:
+                self.shared.ignored("report", f"replica {replica!r:.40}: {error}")
+        return states
 
     def lose_peers(self) -> None:
         """The server is down: each replica decides alone until it is back, its cap
@@ -247,7 +295,8 @@ class SharedFronts(FrontListener):
 
 
 def _pairs(answer: Any) -> list[tuple[str, Any]]:
-    """A flat HGETALL-style list [field, value, ...] as (field, value) pairs."""
+    """A flat HGETALL-style list [field, value, ...] as (field, value) pairs (the names as
+    text)."""
     items = list(answer or [])
     return [(_text(items[index]), items[index + 1]) for index in range(0, len(items) - 1, 2)]
 

@@ -23,6 +23,13 @@ the server, one round trip per request phase:
 The windows are 60 one-second buckets, so a request leaves the window up to a second
 earlier than in the in-memory limiter, which slides by the exact arrival time.
 
+What the server holds is not trusted (docs/gateway.md, "Shared state is not trusted"):
+the script deletes the entries no replica writes before they count (a bucket of a second
+to come, a count that is not a whole number, a lease longer than a lease lasts, a key of
+another type) and says how many; its answers, the fleet's record and the usage read for
+the admin API are checked here (`fairpool_gateway.heard`), and what fails is ignored,
+logged and counted, never a tenant's refusal or a replica's fallback.
+
 When Redis cannot be reached (an error, or no answer within `timeoutSeconds`, 0.25 s by
 default), the replica
 falls back to its in-memory limiter with every limit divided by `replicas` — the replicas
@@ -38,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,12 +54,13 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from fairpool.api.gateway_config import SharedStateSpec
 from fairpool.api.tenant_quota import TenantLimits
 from fairpool.front import FrontRequest, Rejection, TenantLimiter, Ticket
 from fairpool.front.limits import (
+    TENANT_WIDE,
     WINDOW_SECONDS,
     concurrent_rejection,
     divided_limits,
@@ -60,6 +69,8 @@ from fairpool.front.limits import (
     tokens_rejection,
 )
 from fairpool.runtime import cancel_and_wait, wait_at_most
+from fairpool_gateway import heard
+from fairpool_gateway.heard import Ignored, Untrusted
 
 log = logging.getLogger("fairpool.gateway")
 
@@ -69,6 +80,14 @@ Queued = Callable[[Any], Any]
 SCRIPT = resources.files("fairpool_gateway").joinpath("shared_limits.lua").read_text()
 #: Seconds between two attempts to reach Redis again while it is down.
 RETRY_INTERVAL = 1.0
+#: The most tokens one request counts for in the server: a reservation (prompt estimate
+#: plus the client's output limit, which nothing bounds) is counted as at most this, so
+#: that the script's whole-number counts never overflow. Far above any context: a request
+#: that large is refused by any tokens-per-minute limit below it.
+MOST_RESERVED_TOKENS = 2**40
+#: The most a bucket or a total of the server's records holds, counts and service alike
+#: (the scripts' bound too): a double holds every whole number up to it exactly.
+MOST_RECORDED = 2.0**53
 
 
 @dataclass(eq=False)
@@ -100,12 +119,14 @@ class SharedLimiter:
     spec: SharedStateSpec
     password: str | None = None
     local: TenantLimiter = field(default_factory=TenantLimiter)
-    prefix: str = "fairpool"
     window: int = int(WINDOW_SECONDS)  # seconds; shorter only in tests, as TenantLimiter's
+    #: Where what is read from the server and ignored is logged and counted.
+    ignored: Ignored = field(default_factory=Ignored)
 
     def __post_init__(self) -> None:
         self._client: Any = redis.Redis.from_url(
             self.spec.url,
+            username=self.spec.username,
             password=self.password,
             socket_timeout=self.spec.timeout_seconds,
             socket_connect_timeout=self.spec.timeout_seconds,
@@ -139,6 +160,11 @@ class SharedLimiter:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @property
+    def prefix(self) -> str:
+        """The first part of every key and channel (`keyPrefix`)."""
+        return self.spec.key_prefix
+
+    @property
     def client(self) -> Any:
         """The server's client (redis-py asyncio), for others sharing this connection."""
         return self._client
@@ -167,7 +193,7 @@ class SharedLimiter:
         if self._down is not None:
             return
         limits = request.limits
-        tokens = request.reserved_tokens
+        tokens = min(request.reserved_tokens, MOST_RESERVED_TOKENS)
         arguments: list[str | int | float] = [
             "reserve",
             request.request_id,
@@ -183,15 +209,38 @@ class SharedLimiter:
         except (TimeoutError, RedisError, OSError) as error:
             self._went_down(error)
             return
-        if int(answer[0]) == 1:
+        try:
+            admitted, second, rejection = self._answer(answer, limits, request.reserved_tokens)
+        except Untrusted as error:  # counted by neither: the local fallback admits it
+            self.ignored.untrusted(error)
+            return
+        if admitted:
             ticket = SharedTicket(
-                request.tenant, tokens, None, request_id=request.request_id, second=int(answer[1])
+                request.tenant, tokens, None, request_id=request.request_id, second=second
             )
             self._reserved[request.request_id] = ticket
             return
-        rejection = _rejection(_text(answer[1]), float(_text(answer[2])), limits, tokens)
-        self._refused[request.tenant] = (time.monotonic() + rejection.retry_after, rejection)
+        assert rejection is not None
+        if rejection.reason in TENANT_WIDE:  # the tenant's next requests would be refused too
+            self._refused[request.tenant] = (time.monotonic() + rejection.retry_after, rejection)
         raise rejection
+
+    def _answer(
+        self, answer: Any, limits: TenantLimits, tokens: int
+    ) -> tuple[bool, int, Rejection | None]:
+        """The reserve script's answer, checked: (admitted, the second its tokens are
+        counted in, or the refusal), its wait bounded by the window; `Untrusted` if it is
+        not one the script gives. Also tells `ignored` of the forged entries it removed."""
+        if not isinstance(answer, list) or len(answer) not in (3, 4):
+            raise Untrusted("limits", f"the script answered {answer!r:.80}")
+        forged = heard.whole("limits", "forged entries", answer[-1], 0, 2**31)
+        self.ignored("limits", f"the script removed {forged} forged entries", forged)
+        if answer[0] == 1 and len(answer) == 3:
+            return True, heard.whole("limits", "second", answer[1], 0, 2**40), None
+        if answer[0] != 0 or len(answer) != 4:
+            raise Untrusted("limits", f"the script answered {answer!r:.80}")
+        wait = heard.number("limits", "wait", answer[2], 0.0, float(self.window))
+        return False, 0, _rejection(_text(answer[1]), max(wait, 0.001), limits, tokens)
 
     # ------------------------------------------------------------------ the front's limiter
 
@@ -207,8 +256,10 @@ class SharedLimiter:
         return self.local.admit(tenant, self._divided(limits), estimated_tokens)
 
     def check(self, tenant: str, limits: TenantLimits) -> None:
-        """Before the body is read: refuse a tenant that Redis refused moments ago, until
-        the Retry-After it was given; the fallback's own check while Redis is down."""
+        """Before the body is read: refuse a tenant that Redis refused moments ago for a
+        limit that holds for all its requests (`TENANT_WIDE`: the request rate,
+        concurrency), until the Retry-After it was given; the fallback's own check while
+        Redis is down."""
         if self._down is not None:
             self.local.check(tenant, self._divided(limits))
             return
@@ -231,7 +282,7 @@ class SharedLimiter:
         ticket.settled = True
         self._held.pop(ticket.request_id, None)
         self._reserved.pop(ticket.request_id, None)
-        served = -1 if actual_tokens is None else actual_tokens
+        served = -1 if actual_tokens is None else min(actual_tokens, MOST_RESERVED_TOKENS)
         arguments: list[str | int | float] = [
             "settle",
             ticket.request_id,
@@ -245,7 +296,7 @@ class SharedLimiter:
         """Add what `tenant` was served in `pool` to the fleet's record that every replica
         reads (`fleet_service`); sent with this turn's settlements, and not kept while
         the server is down."""
-        if self._down is None and service > 0:
+        if self._down is None and 0 < service < math.inf:
             self._send_soon(self._service_keys(tenant, pool), ["serve", pool, service, self.window])
 
     async def fleet_service(
@@ -263,18 +314,18 @@ class SharedLimiter:
             totals_key, recent_key = self._service_keys(tenant, pool)
             pipeline.hget(totals_key, pool)
             pipeline.hgetall(recent_key)
-        try:
-            answers = await pipeline.execute()
-        except (TimeoutError, RedisError, OSError) as error:
-            self._went_down(error)
+        answers = await self._read(pipeline)
+        if answers is None:
             return None
         seconds, _ = answers[0]
         oldest = int(seconds) - self.window + 1
         found = {}
         for index, pair in enumerate(pairs):
             total, buckets = answers[1 + 2 * index], answers[2 + 2 * index]
-            recent = sum(float(value) for at, value in buckets.items() if int(at) >= oldest)
-            found[pair] = FleetService(float(total or 0.0), recent)
+            found[pair] = FleetService(
+                self._reading("service", total or 0, MOST_RECORDED),
+                self._in_window("service", buckets, oldest, MOST_RECORDED),
+            )
         return found
 
     def forget(self, request_id: str) -> None:
@@ -299,22 +350,63 @@ class SharedLimiter:
         pipeline.hgetall(requests)
         pipeline.hgetall(tokens)
         pipeline.zrange(leases, 0, -1, withscores=True)
+        answers = await self._read(pipeline)
+        if answers is None:
+            return None
+        (seconds, micros), per_second, tokens_per_second, held = answers
+        now = int(seconds) + int(micros) / 1e6
+        oldest = int(seconds) - self.window + 1
+        return {
+            "requests": self._in_window("usage", per_second, oldest, MOST_RECORDED),
+            "tokens": self._in_window("usage", tokens_per_second, oldest, MOST_RECORDED),
+            "concurrent": float(self._live_leases(held, now)),
+        }
+
+    async def _read(self, pipeline: Any) -> list[Any] | None:
+        """Run a pipeline of reads; None (and the local fallback) if the server cannot be
+        reached. A read the server refuses (a key of another type, forged) comes back as
+        its error in its place, and is ignored where it is used."""
         try:
-            (seconds, micros), per_second, tokens_per_second, held = await pipeline.execute()
+            return list(await pipeline.execute(raise_on_error=False))
         except (TimeoutError, RedisError, OSError) as error:
             self._went_down(error)
             return None
-        now = int(seconds) + int(micros) / 1e6
-        oldest = int(seconds) - self.window + 1
 
-        def in_window(buckets: dict[Any, Any]) -> float:
-            return float(sum(int(value) for at, value in buckets.items() if int(at) >= oldest))
+    def _reading(self, kind: heard.Kind, value: Any, most: float) -> float:
+        """A number read from the server, or 0 (ignored) if it is not one in [0, most]."""
+        try:
+            return heard.number(kind, "a recorded value", value, 0.0, most)
+        except Untrusted as error:
+            self.ignored.untrusted(error)
+            return 0.0
 
-        return {
-            "requests": in_window(per_second),
-            "tokens": in_window(tokens_per_second),
-            "concurrent": float(sum(1 for _, expiry in held if expiry > now)),
-        }
+    def _in_window(self, kind: heard.Kind, buckets: Any, oldest: int, most: float) -> float:
+        """The sum of per-second `buckets` (HGETALL) from `oldest` on; a bucket that is not
+        a second and a number in [0, most] is ignored."""
+        if not isinstance(buckets, dict):
+            self.ignored(kind, f"a record of buckets read as {buckets!r:.80}")
+            return 0.0
+        total = 0.0
+        for at, value in buckets.items():
+            try:
+                second = heard.whole(kind, "a bucket's second", at, 0, 2**40)
+            except Untrusted as error:
+                self.ignored.untrusted(error)
+                continue
+            if second >= oldest:
+                total += self._reading(kind, value, most)
+        return total
+
+    def _live_leases(self, held: Any, now: float) -> int:
+        """Leases (ZRANGE WITHSCORES) that expire after `now`, and no later than a lease
+        taken now could: a later one is forged."""
+        if not isinstance(held, list):
+            self.ignored("usage", f"the leases read as {held!r:.80}")
+            return 0
+        live = [expiry for _, expiry in held if expiry > now]
+        forged = sum(1 for expiry in live if expiry > now + self.spec.lease_seconds + 1)
+        self.ignored("usage", f"{forged} leases expire later than a lease can", forged)
+        return len(live) - forged
 
     # ------------------------------------------------------------------ internals
 
@@ -361,9 +453,13 @@ class SharedLimiter:
             if inspect.isawaitable(queued):
                 await queued
         try:
-            await pipeline.execute()
+            answers = await pipeline.execute(raise_on_error=False)
         except (TimeoutError, RedisError, OSError) as error:
             self._went_down(error)
+            return
+        for answer in answers:  # the server answered: refusals are not an outage
+            if isinstance(answer, ResponseError):
+                self.ignored("refused", f"the server refused a write: {answer}")
 
     def _spawn(self, work: Any) -> None:
         try:
@@ -431,7 +527,8 @@ def _text(value: Any) -> str:
 
 
 def _rejection(reason: str, wait: float, limits: TenantLimits, tokens: int) -> Rejection:
-    """The refusal the in-memory limiter gives for the same limit."""
+    """The refusal the in-memory limiter gives for the same limit; `Untrusted` for a
+    reason the script does not give (or for a limit not set)."""
     if reason == "requests_per_minute" and limits.requests_per_minute is not None:
         return requests_rejection(limits.requests_per_minute, wait)
     if reason == "tokens_alone" and limits.tokens_per_minute is not None:
@@ -440,4 +537,4 @@ def _rejection(reason: str, wait: float, limits: TenantLimits, tokens: int) -> R
         return tokens_rejection(limits.tokens_per_minute, wait)
     if reason == "concurrent" and limits.concurrent is not None:
         return concurrent_rejection(limits.concurrent)
-    raise ValueError(f"the shared-limits script refused for {reason!r}, a limit not set")
+    raise Untrusted("limits", f"the script refused for {reason!r:.80}, a limit not set")

@@ -9,7 +9,13 @@ reads the worker's load from `GET /metrics`, by vLLM's metric names:
 Timing: a worker that stops answering leaves rotation within `interval + timeout` (1.5 s
 with the defaults): each worker's health check starts on a fixed beat, independently of
 the other workers and of its own, slower, metrics read. A dead worker (connection refused)
-leaves at its next check. The proxy can take a worker out at once with `report_failure`;
+leaves at its next check.
+
+**The gateway's own delays are not the worker's.** A check that timed out while the
+gateway's event loop ran late (`fairpool.runtime.LoopLag`: a burst of work held it for
+at least a quarter of the timeout) proves nothing about the worker: it changes nothing,
+and the next check decides. Otherwise a client that keeps the loop busy for a second would
+eject every worker of every pool. The proxy can take a worker out at once with `report_failure`;
 the first check that starts after such a report brings it back, if it is good.
 
 Logs go to the logger "fairpool.gateway": a worker leaving or entering rotation, once per
@@ -29,12 +35,16 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fairpool.runtime import LoopLag
+
 log = logging.getLogger("fairpool.gateway")
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_BEFORE_V0_10 = "vllm:gpu_cache_usage_perc"
+#: A timed-out check is the loop's fault when the loop was late this share of the timeout.
+LOOP_LATE_SHARE = 0.25
 LOAD_METRICS = frozenset({WAITING, RUNNING, KV_USAGE, KV_USAGE_BEFORE_V0_10})
 
 
@@ -115,8 +125,11 @@ class WorkerMonitor:
         interval: float = 0.5,
         timeout: float = 1.0,
         on_change: Callable[[WorkerHealth, Load | None], None] | None = None,
+        lag: LoopLag | None = None,
     ) -> None:
         self.workers: dict[str, WorkerHealth] = {}
+        self.lag = lag
+        self.inconclusive = 0  # checks that timed out while the loop itself was late
         self._client = client
         self.interval = interval
         self.timeout = timeout
@@ -222,6 +235,10 @@ class WorkerMonitor:
         error = await self._health_error(worker.url)
         if not self._is_member(worker):
             return
+        if error is _LOOP_WAS_LATE:
+            self.inconclusive += 1
+            log.debug("worker %s: check inconclusive, the gateway was late", shown(worker.url))
+            return
         if error is not None:
             self._mark_down(worker, error)
             return
@@ -239,17 +256,26 @@ class WorkerMonitor:
             )
 
     async def _health_error(self, url: str) -> str | None:
-        """None when `GET /health` answers 200 within the timeout, else what went wrong."""
+        """None when `GET /health` answers 200 within the timeout, else what went wrong
+        (`_LOOP_WAS_LATE` for a timeout the gateway's own loop caused)."""
+        started = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout):
                 response = await self._client.get(f"{url}/health")
         except TimeoutError:
+            if self._loop_was_late(started):
+                return _LOOP_WAS_LATE
             return f"/health gave no answer within {self.timeout:g} s"
         except httpx.HTTPError as error:
             return f"/health: {describe(error)}"
         if response.status_code != 200:
             return f"/health answered {response.status_code}"
         return None
+
+    def _loop_was_late(self, started: float) -> bool:
+        return (
+            self.lag is not None and self.lag.late_since(started) >= self.timeout * LOOP_LATE_SHARE
+        )
 
     async def _read_load_guarded(self, worker: WorkerHealth) -> None:
         """Read the load in the background and tell on_change."""
@@ -334,3 +360,7 @@ class WorkerMonitor:
             self._on_change(worker, load)
         except Exception:
             log.exception("on_change failed for worker %s", shown(worker.url))
+
+
+#: What `_health_error` says of a check that timed out because the loop was late.
+_LOOP_WAS_LATE = "the gateway's event loop was late"

@@ -48,6 +48,10 @@ class OperatorConfig:
     gateway_replicas: int = 1
     #: Whether the gateway pods have the server's password (contract.SHARED_STATE_PASSWORD_PATH).
     shared_state_password: bool = False
+    #: The server's ACL user the gateways log in as (None: the default user), and the prefix
+    #: of their keys (None: the gateway's default).
+    shared_state_username: str | None = None
+    shared_state_key_prefix: str | None = None
     #: Secrets to make when missing (the gateway's admin token, the shared state's password).
     generated_secrets: tuple[GeneratedSecret, ...] = ()
     #: Watch the cluster's Nodes (placement pools that discover theirs; needs the chart's
@@ -61,6 +65,10 @@ class OperatorConfig:
         state: dict[str, object] = {"url": self.shared_state_url, "replicas": self.gateway_replicas}
         if self.shared_state_password:
             state["passwordFile"] = contract.SHARED_STATE_PASSWORD_PATH
+        if self.shared_state_username is not None:
+            state["username"] = self.shared_state_username
+        if self.shared_state_key_prefix is not None:
+            state["keyPrefix"] = self.shared_state_key_prefix
         return state
 
     def image(self, kind: EngineKind) -> str:
@@ -92,6 +100,8 @@ class OperatorConfig:
             shared_state_url=env.get(contract.SHARED_STATE_URL_ENV) or None,
             gateway_replicas=_count(env, contract.GATEWAY_REPLICAS_ENV, 1),
             shared_state_password=_auto_flag(env, contract.SHARED_STATE_PASSWORD_ENV) is True,
+            shared_state_username=env.get(contract.SHARED_STATE_USERNAME_ENV) or None,
+            shared_state_key_prefix=env.get(contract.SHARED_STATE_KEY_PREFIX_ENV) or None,
             generated_secrets=_generated_secrets(env, contract.GENERATED_SECRETS_ENV),
             watch_nodes=_auto_flag(env, contract.WATCH_NODES_ENV) is True,
         )

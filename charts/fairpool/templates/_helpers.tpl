@@ -139,6 +139,32 @@ than one process a pod (gateway.workers), else "". */}}
 {{- end -}}
 {{- end -}}
 
+{{/* The first part of every key and channel the gateways use (sharedState.keyPrefix):
+the value's, or <namespace>.<fullname>, one per release on a server that several share. */}}
+{{- define "fairpool.sharedState.keyPrefix" -}}
+{{- default (printf "%s.%s" .Release.Namespace (include "fairpool.fullname" .)) .Values.gateway.sharedState.keyPrefix -}}
+{{- end -}}
+
+{{/* The ACL user the gateways log in as: the value's; with the bundled Valkey,
+fairpool-gateway by default; "" (the server's default user) with your own url and none. */}}
+{{- define "fairpool.sharedState.username" -}}
+{{- if .Values.gateway.sharedState.username -}}
+{{- .Values.gateway.sharedState.username -}}
+{{- else if include "fairpool.sharedState.bundled" . -}}
+fairpool-gateway
+{{- end -}}
+{{- end -}}
+
+{{/* The bundled Valkey's ACL rule for the gateways' user, less its password: the release's
+keys and channels alone, and the commands the gateway sends, nothing else (no KEYS, FLUSHALL,
+CONFIG, DEBUG, MODULE...). docs/gateway.md ("Shared state is not trusted") gives it for a
+server of your own; tests/test_shared_state_acl.py runs two gateways under it. */}}
+{{- define "fairpool.sharedState.aclRule" -}}
+{{- $prefix := include "fairpool.sharedState.keyPrefix" . -}}
+{{- $commands := list "ping" "time" "select" "evalsha" "script|load" "script|exists" "type" "del" "expire" "pexpire" "hget" "hgetall" "hset" "hdel" "hincrby" "hincrbyfloat" "zadd" "zrem" "zcard" "zscore" "zrange" "zrangebyscore" "zremrangebyscore" "xadd" "xrange" "xrevrange" "publish" "subscribe" "unsubscribe" -}}
+{{- printf "%s on resetkeys resetchannels ~%s:* &%s:* -@all +%s" (include "fairpool.sharedState.username" .) $prefix $prefix (join " +" $commands) -}}
+{{- end -}}
+
 {{/* The Secret holding the server's password (key `password`), or "" for none. */}}
 {{- define "fairpool.sharedState.secretName" -}}
 {{- if .Values.gateway.sharedState.existingSecret -}}

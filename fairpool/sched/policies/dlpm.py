@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from fractions import Fraction
 from typing import Any
 
 from fairpool.sched.policy import LocalPolicy, Waiting
@@ -54,16 +55,77 @@ from fairpool.sched.requests import EngineView
 
 #: The smallest `auto` quantum, and the quantum before any request was admitted.
 AUTO_QUANTUM_FLOOR = 2048.0
+#: Below this every integer is a float (2^53).
+_EXACT_INTEGERS = float(2**53)
 
 
 def refills_to_credit(deficit: float, quantum: float) -> int:
-    """How many refills of `quantum` take `deficit` above zero (0 if it already is)."""
+    """How many refills of `quantum` take `deficit` above zero (0 if it already is): the
+    smallest n from ⌊−deficit/quantum⌋ + 1 up for which `deficit + n * quantum > 0` holds
+    in floating point, as the refill then computes it.
+
+    In closed form rather than by counting up from the estimate: the deficits of the
+    gateway's routers take charges heard from other replicas, and a deficit so deep that
+    adding 1 to n no longer changes `n * quantum` (n past 2^53) would keep a count
+    spinning forever. OverflowError where no finite number of refills lifts it (the
+    largest float of rounds times `quantum` does not reach it).
+    """
     if deficit > 0:
         return 0
-    rounds = math.floor(-deficit / quantum) + 1
-    while deficit + rounds * quantum <= 0:  # guard against floating-point rounding
-        rounds += 1
-    return rounds
+    fewest = _fewest_refills(deficit, quantum)
+    estimate = -deficit / quantum
+    return max(math.floor(estimate) + 1, fewest) if math.isfinite(estimate) else fewest
+
+
+def _fewest_refills(deficit: float, quantum: float) -> int:
+    """The smallest n ≥ 0 with `deficit + n * quantum > 0` in floating point.
+
+    The sum of two floats is positive exactly when its exact value is, so the condition
+    is fl(fl(n)·quantum) > −deficit: some float x = fl(n) must make the rounded product
+    pass −deficit. The product rounds above −deficit exactly when it reaches the midpoint
+    between −deficit and the next float up (ties to even), which gives the smallest such
+    x (`_smallest_float_over`), and then the smallest integer that rounds to x or more.
+    """
+    owed = -deficit
+    above = math.nextafter(owed, math.inf)
+    midpoint = (Fraction(owed) + _exact(above)) / 2
+    least = _smallest_float_over(midpoint / Fraction(quantum), inclusive=_even(above))
+    return _smallest_integer_rounding_to(least)
+
+
+def _smallest_float_over(bound: Fraction, inclusive: bool) -> float:
+    """The smallest float above `bound` (or equal to it, `inclusive`); OverflowError if
+    none is finite."""
+    nearest = float(bound)  # correctly rounded, so the answer is it or the next float up
+    if nearest > bound or (inclusive and nearest == bound):
+        return nearest
+    following = math.nextafter(nearest, math.inf)
+    if math.isinf(following):
+        raise OverflowError("no finite number of refills lifts the deficit above zero")
+    return following
+
+
+def _smallest_integer_rounding_to(least: float) -> int:
+    """The smallest integer n with float(n) ≥ `least` (≥ 0): below 2^53 every integer is
+    a float; above, the integers past the midpoint to the float below round up to it."""
+    if least <= _EXACT_INTEGERS:
+        return math.ceil(least)
+    below = math.nextafter(least, 0.0)
+    midpoint = (int(below) + int(least)) // 2  # both even: the midpoint is an integer
+    return midpoint if _even(least) else midpoint + 1
+
+
+def _exact(value: float) -> Fraction:
+    """`value` as an exact fraction; infinity as 2^1024, where rounding to it begins."""
+    return Fraction(2**1024) if math.isinf(value) else Fraction(value)
+
+
+def _even(value: float) -> bool:
+    """Whether `value`'s significand is even: where ties round to (infinity counts as even,
+    as rounding to it does)."""
+    if math.isinf(value):
+        return True
+    return (Fraction(value) / Fraction(math.ulp(value))).numerator % 2 == 0
 
 
 class DLPM(LocalPolicy):

@@ -86,6 +86,7 @@ TENANTS = {
 CLIENTS = {"writeTimeout": 5.0}
 DEFAULTS = GatewayConfig.model_validate({}).clients
 VICTIM_TOKENS = 32
+ZERO_WINDOW_TOKENS = 4000
 SAMPLE_INTERVAL = 0.1
 PROBE_INTERVAL = 0.2
 
@@ -193,12 +194,20 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def ejections(log: Path) -> int:
-    """Workers the gateway took out of rotation so far (its log lines)."""
+def ejections(log: Path) -> list[str]:
+    """Why the gateway took workers out of rotation so far, one entry each (its log lines
+    `worker URL out of rotation: REASON`)."""
     try:
-        return log.read_text(errors="replace").count("out of rotation")
+        lines = log.read_text(errors="replace").splitlines()
     except OSError:
-        return 0
+        return []
+    found = []
+    for line in lines:
+        with contextlib.suppress(ValueError, KeyError):
+            message = json.loads(line)["message"]
+            if " out of rotation: " in message:
+                found.append(message.split(" out of rotation: ", 1)[1])
+    return found
 
 
 def cuts(log: Path) -> dict[str, float]:
@@ -413,10 +422,16 @@ async def idle_connections(system: Target, seconds: float, scale: float) -> dict
 async def zero_window_streams(system: Target, seconds: float, scale: float) -> dict[str, Any]:
     """Streams whose reader reads nothing: when each socket was reset (or closed), by the
     stream's `x-request-id`; the phase lasts until every socket is closed (at most
-    `seconds` + 60 s)."""
+    `seconds` + 180 s). Each stream is some 600 KB: more than the kernel's send buffer
+    (`clients.sendBufferBytes`, doubled) and the transport's, so its writes stall."""
     count = max(4, int(100 * scale))
     body = json.dumps(
-        {"model": MODEL, "prompt": "Tell me the whole ledger.", "max_tokens": 2000, "stream": True}
+        {
+            "model": MODEL,
+            "prompt": "Tell me the whole ledger.",
+            "max_tokens": ZERO_WINDOW_TOKENS,
+            "stream": True,
+        }
     ).encode()
     loop = asyncio.get_running_loop()
     sockets: dict[str, socket.socket] = {}
@@ -429,7 +444,7 @@ async def zero_window_streams(system: Target, seconds: float, scale: float) -> d
         await loop.sock_sendall(sock, head + body)
         sockets[name] = sock  # from now on nothing is read
     closed_at: dict[str, float] = {}
-    end = time.monotonic() + seconds + 60
+    end = time.monotonic() + seconds + 180
     while len(closed_at) < len(sockets) and time.monotonic() < end:
         for name, sock in sockets.items():
             if name not in closed_at and tcp_state(sock) != ESTABLISHED:
@@ -618,7 +633,7 @@ class Phase:
     rss_before_mb: float
     rss_peak_mb: float
     rss_after_mb: float
-    ejected: int
+    ejected: list[str]  # why each worker left rotation
     forged_warnings: int
     rss: list[tuple[float, float]]
     connections: list[tuple[float, int]]  # the gateway's open tenant connections
@@ -627,6 +642,14 @@ class Phase:
     @property
     def rss_growth_mb(self) -> float:
         return round(self.rss_peak_mb - self.rss_before_mb, 1)
+
+    def attack_requests(self) -> str:
+        """What the attack sent that engines served, in its own words."""
+        if "streams" in self.attack:
+            return f"{self.attack['streams']} streams of {ZERO_WINDOW_TOKENS:,} tokens"
+        if "inputs" in self.attack:
+            return f"embeddings of {self.attack['inputs']:,} inputs × {EMBEDDING_DIM:,} dimensions"
+        return "none"
 
 
 async def phase(
@@ -676,7 +699,7 @@ async def phase(
         round(rss_before, 1),
         round(max((rss for _, rss in samples), default=rss_before), 1),
         round(rss_mb(system.gateway.pid), 1),
-        ejections(log) - ejected_before,
+        ejections(log)[len(ejected_before) :],
         forged_warnings(log) - warned_before,
         samples,
         connections,
@@ -759,9 +782,9 @@ def verdicts(phases: dict[str, Phase]) -> list[dict[str, Any]]:
         row(
             "array bombs",
             "8 concurrent 4 MB array bombs: no worker ejected; others' p99 within 2×",
-            f"{p.ejected} ejected; victim p99 {p.victim['p99_s']:.3f} s = {ratio:.2f}× baseline "
-            f"({base['p99_s']:.3f} s); outcomes {p.attack.get('outcomes')}",
-            p.ejected == 0 and ratio <= 2.0 and p.victim["failed"] == 0,
+            f"{len(p.ejected)} ejected; victim p99 {p.victim['p99_s']:.3f} s = {ratio:.2f}× "
+            f"baseline ({base['p99_s']:.3f} s); outcomes {p.attack.get('outcomes')}",
+            not p.ejected and ratio <= 2.0 and p.victim["failed"] == 0,
         )
     if "huge answers" in phases:
         p = phases["huge answers"]
@@ -824,14 +847,40 @@ def report(settings: Settings, phases: dict[str, Phase], rows: list[dict[str, An
         v = p.victim
         lines.append(
             f"| {name} | {v['served']} | {v['failed']} | {v['p50_s']:.3f} | {v['p99_s']:.3f} | "
-            f"{v['probes_failed']} | {p.rss_before_mb:.0f} → {p.rss_peak_mb:.0f} | {p.ejected} |"
+            f"{v['probes_failed']} | {p.rss_before_mb:.0f} → {p.rss_peak_mb:.0f} | "
+            f"{len(p.ejected)} |"
         )
     met = sum(1 for r in rows if r["met"])
     lines += ["", f"{met} of {len(rows)} goals met."]
     missed = [r["attack"] for r in rows if not r["met"]]
     if missed:
         lines.append("Missed: " + ", ".join(missed) + " (measured above).")
+    lines += notes(phases)
     return "\n".join(lines)
+
+
+def notes(phases: dict[str, Phase]) -> list[str]:
+    """What else the table shows: phases where the victim was slower than 1.5 × its
+    baseline, and workers that left rotation, with the reasons the gateway logged."""
+    base = phases["baseline"].victim
+    found = []
+    for name, p in phases.items():
+        if name == "baseline":
+            continue
+        if base["p50_s"] and p.victim["p50_s"] > 1.5 * base["p50_s"]:
+            found.append(
+                f"- During {name} the victim's p50 was {p.victim['p50_s'] / base['p50_s']:.1f}× "
+                f"its baseline, with the attack's own requests ({p.attack_requests()}) on "
+                "the same engines."
+            )
+        if p.ejected:
+            reasons = Counter(p.ejected)
+            said = "; ".join(f"{count} × {reason}" for reason, count in reasons.items())
+            found.append(
+                f"- During {name} {len(p.ejected)} worker(s) left rotation: {said} (the "
+                f"gateway's RSS rose {p.rss_growth_mb:+.1f} MB in that phase)."
+            )
+    return ["", "Notes:", *found] if found else []
 
 
 def plot(phases: dict[str, Phase], path: Path) -> Path:
@@ -957,6 +1006,11 @@ def main(argv: list[str] | None = None) -> None:
                 "rss_after_mb": p.rss_after_mb,
                 "rss_growth_mb": p.rss_growth_mb,
                 "workers_ejected": p.ejected,
+                "victim_vs_baseline_p50": round(
+                    p.victim["p50_s"] / phases["baseline"].victim["p50_s"], 3
+                )
+                if phases["baseline"].victim["p50_s"]
+                else None,
                 "forged_warnings": p.forged_warnings,
                 "tenant_connections_at_most": max((n for _, n in p.connections), default=0),
                 "cuts": p.cuts,

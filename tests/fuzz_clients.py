@@ -65,14 +65,17 @@ class Admin:
 
     def ledgers(self) -> dict[str, float]:
         """What the gateway's ledgers hold, leaving out what is zero: per pool the fair
-        queue's length and each worker's outstanding requests; per tenant its concurrency
-        slots (the limiter) and, per pool, its queued and in-flight requests (the fair
-        queue). Empty when every ledger is back to zero."""
+        queue's length and each worker's outstanding requests; the bytes of bodies and
+        answers it holds; per tenant its concurrency slots (the limiter) and, per pool, its
+        queued and in-flight requests (the fair queue). Empty when every ledger is back to
+        zero."""
         held: dict[str, float] = {}
         for name, pool in self.http.get("/admin/pools").json().items():
             held[f"{name}: queued"] = pool["queued"]
             for url, worker in pool["workers"].items():
                 held[f"{name}: {url} outstanding"] = worker["outstanding"]
+        status = self.http.get("/admin/status").json()
+        held["bytes in flight"] = status["clients"]["bytesInFlight"]
         for tenant in self.http.get("/admin/tenants").json()["tenants"]:
             name = tenant["tenant"]
             held[f"{name}: concurrent"] = tenant["usage"]["concurrent"]

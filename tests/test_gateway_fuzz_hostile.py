@@ -18,15 +18,20 @@ failure prints what to replay):
 - slow clients trickling a request in pieces, headers that never end, bodies that stop;
 - stream readers that stall (until the gateway has settled the request or cut the
   stream) and then read on or leave;
-- clients that disconnect at random points of the request or of the answer.
+- clients that disconnect at random points of the request or of the answer;
+- the capped fields (`n`, `best_of`, the log-probability fields) as types the engine
+  coerces to integers (`"9"`, `9.0`, `" 9 "`, booleans), at and across their caps;
+- concurrent requests that reuse one `x-request-id`;
+- half-sent bodies, many at once under one key, stalled until the body deadline or left.
 
 After every case (`Served.settle`): every answer was below 500, or the gateway closed
 the connection for one of its own deadlines (`fuzz_clients.judge` tells them apart: no
 answer only while the headers were incomplete; a stream broken off only when the gateway
 logged cutting it); every ledger is back to zero (nothing queued, no worker outstanding,
-no tenant holding a slot, from the admin API); every engine is drained (a request whose
-client left was aborted); no worker is out of rotation. Across a run of mixed cases, the
-memory the gateway's code holds stays bounded (`test_memory_stays_bounded`).
+no tenant holding a slot, no byte in flight, from the admin API); every engine is drained
+(a request whose client left was aborted); no worker is out of rotation. Across a run of
+mixed cases, the memory the gateway's code holds stays bounded
+(`test_memory_stays_bounded`).
 
 Example counts are `EXAMPLES` (times `FAIRPOOL_FUZZ_SCALE`, 1 by default); with them the
 module runs in one to two minutes on a two-core machine.
@@ -39,9 +44,9 @@ import gc
 import itertools
 import json
 import logging
-import socket
 import tracemalloc
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +72,8 @@ from polling import wait_until
 
 import fairpool
 import fairpool_gateway
-from fairpool_gateway.body import CHOICES_FIELDS, LIST_FIELDS, LOGPROB_FIELDS
+from fairpool.api.gateway_config import ClientLimits
+from fairpool_gateway.body import CHOICES_FIELDS, LIST_FIELDS, LOGPROB_FIELDS, as_engine_int
 from fairpool_gateway.protocol import (
     ENDPOINTS,
     ChatMessage,
@@ -90,6 +96,9 @@ EXAMPLES = {
     "slow_clients": 15,
     "stalled_readers": 12,
     "disconnects": 40,
+    "coerced_caps": 40,
+    "shared_ids": 8,
+    "half_sent_bodies": 8,
     "memory_warmup": 3,  # rounds of one case of each kind
     "memory_measured": 10,
 }
@@ -99,7 +108,7 @@ BODY_TIMEOUT = 2.0
 WRITE_TIMEOUT = 2.0
 MAX_REQUEST_BYTES = 4 << 20
 MAX_MODEL_LEN = 4096
-SEND_BUFFER = 16384  # bytes: the gateway's send buffer to its clients (see `serving`)
+SEND_BUFFER = 16384  # bytes: the gateway's send buffer to its clients (clients.sendBufferBytes)
 #: The routing tree's bound, its smallest: the tree is full after the memory test's warm-up,
 #: so that what it holds does not count as growth.
 MAX_TREE_BYTES = 1 << 16
@@ -180,17 +189,15 @@ def serving() -> Iterator[Served]:
                 "headerTimeout": HEADER_TIMEOUT,
                 "bodyTimeout": BODY_TIMEOUT,
                 "writeTimeout": WRITE_TIMEOUT,
+                # A small send buffer makes a client that stops reading hold the gateway
+                # up after some 100 KB of a stream, as a slow network would, so that
+                # stalled readers reach the write deadline.
+                "sendBufferBytes": SEND_BUFFER,
             },
             maxRequestBytes=MAX_REQUEST_BYTES,
             maxTreeBytes=MAX_TREE_BYTES,
         )
         running = GatewayThread(config)
-        # Connections the gateway accepts inherit its listening socket's send buffer: a
-        # small fixed one (no autotuning, which on loopback grows to megabytes) makes a
-        # client that stops reading hold the gateway up after some 100 KB of a stream, as
-        # a slow network would, so that stalled readers reach the write deadline.
-        listening: socket.socket = running._tenant_socket
-        listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         with running, admin(running) as api, stream_cuts() as cuts:
             wait_until(lambda: all_in_rotation(running, config), what="both workers in rotation")
             yield Served(running, workers, api, cuts)
@@ -408,6 +415,7 @@ COMMON = {
     "best_of": OPTIONAL_INT,
     "logprobs": ("integer", "boolean", "null"),
     "top_logprobs": OPTIONAL_INT,
+    "prompt_logprobs": OPTIONAL_INT,
     "messages": ("array",),
     "input": ("string", "array"),
 }
@@ -937,6 +945,133 @@ def test_disconnects_at_random_points(served: Served, case: Disconnect) -> None:
 
 
 # ---------------------------------------------------------------------- memory
+
+
+# ---------------------------------------------------------------------- coerced caps
+
+CAPPED = (*CHOICES_FIELDS, *LOGPROB_FIELDS)
+
+
+@dataclass
+class CoercedCap(Case):
+    path: str
+    name: str
+    value: object
+
+    def run(self, served: Served) -> str:
+        document = base_body(self.path)
+        document[self.name] = self.value
+        outcome = exchange(served, self.path, encode(document))
+        read = as_engine_int(self.value)
+        limits = ClientLimits()
+        cap = limits.max_logprobs if self.name in LOGPROB_FIELDS else limits.max_choices
+        if read is not None and (read > cap or (read < 0 and self.name in LOGPROB_FIELDS)):
+            assert outcome == "400", f"{self!r}: {read} passed the cap {cap} ({outcome})"
+        return outcome
+
+
+@st.composite
+def coerced_caps(draw: st.DrawFn) -> CoercedCap:
+    number = draw(st.one_of(st.integers(-3, 40), st.sampled_from([8, 9, 20, 21, 10**9])))
+    value = draw(
+        st.sampled_from(
+            [number, float(number), str(number), f" {number} ", f"{number}.0", number > 0]
+        )
+    )
+    return CoercedCap(draw(st.sampled_from(PATHS)), draw(st.sampled_from(CAPPED)), value)
+
+
+@fuzz_settings("coerced_caps")
+@given(case=coerced_caps())
+def test_capped_fields_as_the_engine_reads_them(served: Served, case: CoercedCap) -> None:
+    served.run(case)
+
+
+# ---------------------------------------------------------------------- reused request ids
+
+
+@dataclass
+class SharedIds(Case):
+    paths: list[str]
+    stream: bool
+
+    def run(self, served: Served) -> str:
+        def one(path: str) -> tuple[str, bytes | None]:
+            with RawClient(served.url) as client:
+                body = encode(base_body(path, self.stream))
+                client.send(request_bytes(path, body, request_id="one-id-for-all"))
+                client.read_answer()
+                answers = client.answers
+                ours = answers[0].headers.get(b"x-fairpool-request-id") if answers else None
+                return judge(client, headers_complete=True, case=self), ours
+
+        with ThreadPoolExecutor(len(self.paths)) as pool:
+            results = list(pool.map(one, self.paths))
+        ours = [gateway_id for _, gateway_id in results if gateway_id is not None]
+        assert len(set(ours)) == len(ours), f"two requests got one gateway id: {results}"
+        return ", ".join(sorted({outcome for outcome, _ in results}))
+
+
+@st.composite
+def shared_ids(draw: st.DrawFn) -> SharedIds:
+    return SharedIds(
+        draw(st.lists(st.sampled_from(PATHS), min_size=2, max_size=8)), draw(st.booleans())
+    )
+
+
+@fuzz_settings("shared_ids")
+@given(case=shared_ids())
+def test_requests_that_reuse_one_id(served: Served, case: SharedIds) -> None:
+    served.run(case)
+
+
+# ---------------------------------------------------------------------- half-sent bodies
+
+
+@dataclass
+class HalfSentBodies(Case):
+    count: int  # at once, under one key
+    declared: int
+    sent: int  # bytes of the body sent before the client stops
+    leave: bool  # close after the stall began (else wait for the gateway's answer)
+
+    def run(self, served: Served) -> str:
+        head = request_bytes("/v1/completions", b"", content_length=str(self.declared).encode())
+        piece = b'{"model":"' + b"m" * max(0, self.sent - 10)
+        clients = [RawClient(served.url) for _ in range(self.count)]
+        try:
+            for client in clients:
+                client.send(head + piece[: self.sent])
+            outcomes = []
+            for client in clients:
+                if self.leave:
+                    client.close()
+                else:
+                    client.read_answer()
+                outcomes.append(judge(client, headers_complete=True, case=self))
+        finally:
+            for client in clients:
+                client.close()
+        for outcome in outcomes:
+            assert outcome in ("408: body timeout", "429", "client left first"), (self, outcome)
+        return ", ".join(sorted(set(outcomes)))
+
+
+@st.composite
+def half_sent_bodies(draw: st.DrawFn) -> HalfSentBodies:
+    declared = draw(st.sampled_from([1 << 20, 4 << 20, MAX_REQUEST_BYTES]))
+    return HalfSentBodies(
+        count=draw(st.integers(1, 24)),
+        declared=declared,
+        sent=draw(st.integers(0, 256 << 10)),
+        leave=draw(st.booleans()),
+    )
+
+
+@fuzz_settings("half_sent_bodies")
+@given(case=half_sent_bodies())
+def test_half_sent_bodies_under_one_key(served: Served, case: HalfSentBodies) -> None:
+    served.run(case)
 
 
 def rounds() -> st.SearchStrategy[list[Case]]:

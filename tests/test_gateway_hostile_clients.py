@@ -122,9 +122,8 @@ def test_a_connection_that_sends_nothing_is_reset_after_the_idle_timeout():
 
 
 def test_a_reader_that_stops_is_reset_and_its_connection_given_back():
-    with pool(writeTimeout=0.5) as running, stream_cuts() as cuts:
-        # A small send buffer, as in the fuzz tier: the stall reaches the gateway soon.
-        running._tenant_socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    # A small send buffer, as in the fuzz tier: the stall reaches the gateway soon.
+    with pool(writeTimeout=0.5, sendBufferBytes=16384) as running, stream_cuts() as cuts:
         stalled = connect_from("127.0.0.2", running.url, receive_buffer=4096)
         body = completion("tell me a long story", 3000, stream=True)
         stalled.sendall(post("/v1/completions", body))

@@ -312,6 +312,14 @@ class ClientLimits(Spec):
         description="Bytes of request bodies and answers the gateway holds for one tenant "
         "(429 beyond, for bodies; answers wait for room).",
     )
+    send_buffer_bytes: int | None = Field(
+        default=256 << 10,
+        ge=4096,
+        alias="sendBufferBytes",
+        description="The kernel's send buffer of each client connection (SO_SNDBUF; null: "
+        "the kernel's own, which grows to megabytes): what a client that stops reading pins "
+        "before its writes stall, and a stream's throughput is at most it per round trip.",
+    )
     max_answer_bytes: int = Field(
         default=64 << 20,
         ge=1 << 16,

@@ -16,6 +16,11 @@ opening (or of its previous answer, on a kept-alive connection) and send its who
 within `headerTimeout`; it is reset otherwise. A client that connects and sends
 nothing, or trickles its headers, holds its slot for seconds, not for as long as it likes.
 
+**Send buffers.** Each tenant connection's kernel send buffer is fixed at
+`clients.sendBufferBytes` (256 KiB), where Linux would grow it to 4 MB: that is what a
+client that stops reading pins in the kernel (and in the pod's memory accounting) before
+the gateway's writes stall and its write deadline starts.
+
 **Resets.** A connection the gateway ends on its own — over budget, too slow, or a
 stream cut because its client stopped reading — is aborted with SO_LINGER 0: the kernel
 sends RST and drops what is unsent. Closing gracefully would wait to flush to a client
@@ -122,6 +127,8 @@ class Connection:
         transport = None if protocol is None else protocol.transport
         if transport is not None and not transport.is_closing():
             reset(transport)
+        if protocol is not None and protocol.cycle is not None:
+            protocol.cycle.disconnected = True  # as uvicorn's connection_lost will say
 
 
 def connection_of(scope: Scope) -> Connection | None:
@@ -137,6 +144,7 @@ class GuardedProtocol(HttpToolsProtocol):
     ports: Ports  # set by `configured`
     idle_timeout = 3.0
     header_timeout = 10.0
+    send_buffer: int | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -148,12 +156,17 @@ class GuardedProtocol(HttpToolsProtocol):
 
     @classmethod
     def configured(
-        cls, ports: Ports, idle_timeout: float, header_timeout: float
+        cls,
+        ports: Ports,
+        idle_timeout: float,
+        header_timeout: float,
+        send_buffer: int | None = None,
     ) -> type[GuardedProtocol]:
         attributes = {
             "ports": ports,
             "idle_timeout": idle_timeout,
             "header_timeout": header_timeout,
+            "send_buffer": send_buffer,
         }
         return type(cls.__name__, (cls,), attributes)
 
@@ -170,6 +183,10 @@ class GuardedProtocol(HttpToolsProtocol):
             reset(transport)
             return
         self._budget = budget
+        if self.send_buffer is not None and budget is self.ports.tenant:
+            sock = transport.get_extra_info("socket")
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         self._await_request()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -156,7 +156,7 @@ def make_server(
     clients = gateway.config.clients
     gateway.connections.admin_port = admin_port
     protocol = GuardedProtocol.configured(
-        gateway.connections, clients.idle_timeout, clients.header_timeout
+        gateway.connections, clients.idle_timeout, clients.header_timeout, clients.send_buffer_bytes
     )
     config = uvicorn.Config(
         app,

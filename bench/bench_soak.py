@@ -650,12 +650,12 @@ async def hostile_traffic(
                 result = "hung"
             except OSError as error:
                 result = f"error {type(error).__name__}"
-            for part in result.split(","):
+            for part in (piece.strip() for piece in result.split(",")):
                 if part.startswith(("kept ", "reset ")):  # idle connections: counts
-                    name, number = part.strip().split(" ")
+                    name, number = part.split(" ")
                     counts[kind][name] += int(number)
                 else:
-                    counts[kind][part.strip()] += 1
+                    counts[kind][part] += 1
             await asyncio.sleep(pause)
 
     await asyncio.gather(

@@ -285,6 +285,26 @@ def test_bodies_never_hold_more_than_the_budgets(steps: list[tuple[str, str, int
     assert budget.total == 0 and not budget.by_tenant
 
 
+@given(steps=st.lists(st.tuples(st.sampled_from("ab"), st.booleans()), max_size=80))
+def test_a_tenant_holds_at_most_its_open_requests(steps: list[tuple[str, bool]]) -> None:
+    """Opening (True) and ending (False) requests of two tenants in any order: each holds
+    at most `requests_per_tenant` at once, refusals are 429s, and every end is counted."""
+    budget = BytesInFlight(lambda: ByteLimits(1 << 30, 1 << 30, requests_per_tenant=3))
+    open_ones: dict[str, list[Any]] = {"a": [], "b": []}
+    for tenant, opening in steps:
+        if opening:
+            try:
+                open_ones[tenant].append(budget.holding(tenant))
+            except OverBudget as error:
+                assert error.status == 429 and error.code == "too_many_open_requests"
+                assert len(open_ones[tenant]) == 3
+        elif open_ones[tenant]:
+            holding = open_ones[tenant].pop(0)
+            holding.release()
+            holding.release()  # again: harmless
+        assert all(budget.requests.get(t, 0) == len(h) <= 3 for t, h in open_ones.items())
+
+
 def test_an_answer_waits_for_room_and_every_answer_moves() -> None:
     async def scenario() -> None:
         budget = BytesInFlight(lambda: ByteLimits(total=100, per_tenant=100))

@@ -166,6 +166,24 @@ def test_half_sent_bodies_of_one_tenant_hold_at_most_its_budget():
         wait_until(lambda: held.total, lambda n: n == 0, what="every byte given back")
 
 
+def test_one_key_holds_at_most_its_open_requests_whatever_its_addresses():
+    with pool(maxTenantRequests=2) as running:
+        head = post("/v1/completions", completion("x"), "flood", 1000)
+        holding = [connect_from(f"127.0.0.{n}", running.url) for n in (2, 3)]
+        for connection in holding:
+            connection.sendall(head[:-10])  # the body never ends
+        wait_until(lambda: running.gateway.bytes_in_flight.requests.get("flood", 0) == 2)
+        third = connect_from("127.0.0.4", running.url)
+        third.sendall(head)
+        answer, _ = read_until_closed(third)
+        assert answer.startswith(b"HTTP/1.1 429") and b"too_many_open_requests" in answer
+        with client(running, "other") as api:
+            assert api.post("/v1/completions", json=completion("hi")).status_code == 200
+        for connection in holding:
+            connection.close()
+        wait_until(lambda: running.gateway.bytes_in_flight.requests, lambda open_: not open_)
+
+
 def test_a_chunked_body_counts_from_its_first_byte():
     with pool(maxTenantBytesInFlight=1 << 16) as running:
         connection = connect_from("127.0.0.2", running.url)

@@ -285,6 +285,13 @@ class ClientLimits(Spec):
         description="Seconds a connection may stay silent before its request starts (after "
         "it opens, or after its previous answer); then it is reset.",
     )
+    keep_alive_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        alias="keepAliveTimeout",
+        description="Seconds a kept-alive connection may stay silent between two requests; "
+        "then it is reset.",
+    )
     max_connections: int = Field(
         default=4096,
         ge=1,
@@ -297,6 +304,13 @@ class ClientLimits(Spec):
         alias="maxConnectionsPerClient",
         description="Open connections to the tenant port from one client address (behind a "
         "proxy every client has the proxy's address: raise it to the proxy's pool).",
+    )
+    max_tenant_requests: int = Field(
+        default=1024,
+        ge=1,
+        alias="maxTenantRequests",
+        description="Requests one tenant may have open at the gateway at once, in any phase "
+        "(its body read, queued, answered); 429 beyond, before the body is read.",
     )
     max_bytes_in_flight: int = Field(
         default=256 << 20,

@@ -1,5 +1,12 @@
-"""The bytes the gateway holds for its clients: request bodies and answers in flight,
-bounded per tenant and in all (`clients.maxTenantBytesInFlight`, `clients.maxBytesInFlight`).
+"""What the gateway holds for its clients: request bodies and answers in flight, bounded
+per tenant and in all (`clients.maxTenantBytesInFlight`, `clients.maxBytesInFlight`), and
+each tenant's requests open at once (`clients.maxTenantRequests`).
+
+A tenant's requests are counted from the moment its key is known until the answer is done,
+whatever the phase (body, queue, engine, answer): however many addresses and connections
+one key comes through, it holds at most its requests, and the other tenants keep the
+connections and memory that are left. Beyond, a request is refused on its headers (429,
+`code: too_many_open_requests`).
 
 Every byte is counted from the moment it is held, before it costs more: a body from its
 first byte (from its declared `Content-Length`, when it has one, before any is read), until
@@ -33,13 +40,21 @@ from fairpool_gateway.protocol import GatewayError
 class ByteLimits:
     total: int
     per_tenant: int
+    requests_per_tenant: int = 1 << 30
 
 
 class OverBudget(GatewayError):
-    """A body that does not fit in its tenant's budget (429) or the gateway's (503)."""
+    """A body that does not fit in its tenant's budget (429) or the gateway's (503), or a
+    request over its tenant's open requests (429)."""
 
     def __init__(self, whose: str, limit: int) -> None:
-        if whose == "tenant":
+        if whose == "requests":
+            status, code = HTTPStatus.TOO_MANY_REQUESTS, "too_many_open_requests"
+            message = (
+                f"This tenant already has {limit} requests open at the gateway "
+                "(clients.maxTenantRequests); retry when some have finished."
+            )
+        elif whose == "tenant":
             status, code = HTTPStatus.TOO_MANY_REQUESTS, "bytes_in_flight"
             message = (
                 f"This tenant's requests and answers in flight already hold {limit} bytes "
@@ -65,11 +80,26 @@ class BytesInFlight:
         self.limits = limits
         self.total = 0
         self.by_tenant: dict[str, int] = {}
-        self.refused = {"tenant": 0, "total": 0}
+        self.requests: dict[str, int] = {}  # tenant → requests open
+        self.refused = {"tenant": 0, "total": 0, "requests": 0}
         self._freed: asyncio.Event | None = None  # set when bytes are given back
 
     def holding(self, tenant: str) -> Holding:
+        """A new request of `tenant`'s share; OverBudget if the tenant has all its
+        requests open already."""
+        limit = self.limits().requests_per_tenant
+        if self.requests.get(tenant, 0) >= limit:
+            self.refused["requests"] += 1
+            raise OverBudget("requests", limit)
+        self.requests[tenant] = self.requests.get(tenant, 0) + 1
         return Holding(self, tenant)
+
+    def _request_ended(self, tenant: str) -> None:
+        left = self.requests.get(tenant, 0) - 1
+        if left > 0:
+            self.requests[tenant] = left
+        else:
+            self.requests.pop(tenant, None)
 
     def held_by(self, tenant: str) -> int:
         return self.by_tenant.get(tenant, 0)
@@ -108,6 +138,7 @@ class Holding:
         self.budget = budget
         self.tenant = tenant
         self.held = 0
+        self.open = True  # counted among its tenant's open requests
 
     def take(self, amount: int) -> None:
         """Hold `amount` more bytes of a body, or raise OverBudget."""
@@ -133,8 +164,12 @@ class Holding:
             self._add(-amount)
 
     def release(self) -> None:
-        """Everything this request holds (every exit path calls it; again is harmless)."""
+        """Everything this request holds, and its place among its tenant's open requests
+        (every exit path calls it; again is harmless)."""
         self.give_back(self.held)
+        if self.open:
+            self.open = False
+            self.budget._request_ended(self.tenant)
 
     def _add(self, amount: int) -> None:
         self.held += amount

@@ -11,9 +11,11 @@ reset the moment it is accepted, before a byte of it is read, and counted
 (`fairpool_gateway_connections_refused`). One address opening thousands of idle
 connections so holds at most its own share, and every other client is served.
 
-**Deadlines.** A connection must start its request within `idleTimeout` seconds of
-opening (or of its previous answer, on a kept-alive connection) and send its whole headers
-within `headerTimeout`; it is reset otherwise. A client that connects and sends
+**Deadlines.** A new connection must start its request within `idleTimeout` seconds, a
+kept-alive one its next request within `keepAliveTimeout` of its previous answer (longer:
+clients keep pooled connections for seconds, and one closed under a request about to be
+sent fails it), and either must send its whole headers within `headerTimeout`; it is reset
+otherwise. A client that connects and sends
 nothing, or trickles its headers, holds its slot for seconds, not for as long as it likes.
 
 **Send buffers.** Each tenant connection's kernel send buffer is fixed at
@@ -143,6 +145,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     ports: Ports  # set by `configured`
     idle_timeout = 3.0
+    keep_alive_timeout = 5.0
     header_timeout = 10.0
     send_buffer: int | None = None
 
@@ -159,12 +162,14 @@ class GuardedProtocol(HttpToolsProtocol):
         cls,
         ports: Ports,
         idle_timeout: float,
+        keep_alive_timeout: float,
         header_timeout: float,
         send_buffer: int | None = None,
     ) -> type[GuardedProtocol]:
         attributes = {
             "ports": ports,
             "idle_timeout": idle_timeout,
+            "keep_alive_timeout": keep_alive_timeout,
             "header_timeout": header_timeout,
             "send_buffer": send_buffer,
         }
@@ -187,7 +192,7 @@ class GuardedProtocol(HttpToolsProtocol):
             sock = transport.get_extra_info("socket")
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
-        self._await_request()
+        self._await_request(self.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -220,13 +225,13 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._await_request()  # the next request on this connection
+            self._await_request(self.keep_alive_timeout)  # the next one on this connection
 
     # ------------------------------------------------------------------ deadlines
 
-    def _await_request(self) -> None:
+    def _await_request(self, idle: float) -> None:
         self._waiting_since = self.loop.time()
-        self._arm(min(self.idle_timeout, self.header_timeout))
+        self._arm(min(idle, self.header_timeout))
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

@@ -208,7 +208,11 @@ class Gateway:
 
     def _byte_limits(self) -> ByteLimits:
         clients = self.config.clients
-        return ByteLimits(clients.max_bytes_in_flight, clients.max_tenant_bytes_in_flight)
+        return ByteLimits(
+            clients.max_bytes_in_flight,
+            clients.max_tenant_bytes_in_flight,
+            clients.max_tenant_requests,
+        )
 
     def _count_ignored(self, kind: Kind, times: int) -> None:
         self.metrics.shared_state_ignored.labels(kind).inc(times)

@@ -156,11 +156,19 @@ def make_server(
     clients = gateway.config.clients
     gateway.connections.admin_port = admin_port
     protocol = GuardedProtocol.configured(
-        gateway.connections, clients.idle_timeout, clients.header_timeout, clients.send_buffer_bytes
+        gateway.connections,
+        clients.idle_timeout,
+        clients.keep_alive_timeout,
+        clients.header_timeout,
+        clients.send_buffer_bytes,
     )
     config = uvicorn.Config(
         app,
         http=protocol,
+        # The protocol resets an idle kept-alive connection (keepAliveTimeout); uvicorn's own
+        # timer, which closes gracefully (waiting to flush to a client that may never read),
+        # comes after it.
+        timeout_keep_alive=int(clients.keep_alive_timeout) + 2,
         lifespan="on",
         log_config=None,
         access_log=False,

@@ -74,11 +74,22 @@ EMBEDDING_DIM = 4096
 ATTACKER = "127.0.0.2"  # the attacks' own loopback address
 VICTIM = "alpha"
 HOSTILE = "mallory"
+
+
+def attacker_tenant(attack: str) -> str:
+    """The tenant an attack sends as: one of its own, so that the refusals of one attack,
+    which the gateway damps per tenant, do not decide how the gateway meets the next."""
+    return f"{HOSTILE}-{attack.replace(' ', '-')}"
+
+
 STORM = "storm"
 TENANTS = {
     VICTIM: {},
     # Room for the attacks to reach the gateway's bounds, not the tenant's own limits.
-    HOSTILE: {"concurrent": 512, "requestsPerMinute": 100_000, "queued": 512},
+    **{
+        attacker_tenant(attack): {"concurrent": 512, "requestsPerMinute": 100_000, "queued": 512}
+        for attack in ("zero-window streams", "half-sent bodies", "array bombs", "huge answers")
+    },
     STORM: {"requestsPerMinute": 1},
 }
 #: The gateway's client bounds: the defaults but a shorter write timeout, so that the
@@ -440,7 +451,8 @@ async def zero_window_streams(system: Target, seconds: float, scale: float) -> d
         if sock is None:
             continue
         name = f"zero-window-{index}"
-        head = request_head("/v1/completions", HOSTILE, len(body), f"x-request-id: {name}\r\n")
+        tenant = attacker_tenant("zero-window streams")
+        head = request_head("/v1/completions", tenant, len(body), f"x-request-id: {name}\r\n")
         await loop.sock_sendall(sock, head + body)
         sockets[name] = sock  # from now on nothing is read
     closed_at: dict[str, float] = {}
@@ -474,7 +486,8 @@ async def slow_bodies(system: Target, seconds: float, scale: float) -> dict[str,
                 await asyncio.sleep(0.1)
                 continue
             try:
-                await loop.sock_sendall(sock, request_head("/v1/completions", HOSTILE, length))
+                tenant = attacker_tenant("half-sent bodies")
+                await loop.sock_sendall(sock, request_head("/v1/completions", tenant, length))
                 with contextlib.suppress(OSError):
                     await loop.sock_sendall(sock, half)
                 outcomes[await read_answer(sock, max(0.1, end - time.monotonic()))] += 1
@@ -492,7 +505,7 @@ def array_bomb() -> bytes:
 async def array_bombs(system: Target, seconds: float, scale: float) -> dict[str, Any]:
     """Eight clients posting 4 MB bodies of empty lists, over and over."""
     bomb = array_bomb()
-    head = request_head("/v1/completions", HOSTILE, len(bomb))
+    head = request_head("/v1/completions", attacker_tenant("array bombs"), len(bomb))
     outcomes: Counter[str] = Counter()
     end = time.monotonic() + seconds
     loop = asyncio.get_running_loop()
@@ -523,7 +536,8 @@ async def huge_answers(system: Target, seconds: float, scale: float) -> dict[str
     outcomes: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     end = time.monotonic() + seconds
-    async with httpx.AsyncClient(base_url=system.url, headers=auth(HOSTILE), timeout=300) as http:
+    headers = auth(attacker_tenant("huge answers"))
+    async with httpx.AsyncClient(base_url=system.url, headers=headers, timeout=300) as http:
         while time.monotonic() < end:
             try:
                 answer = await http.post("/v1/embeddings", json=body)
@@ -649,7 +663,7 @@ class Phase:
             return f"{self.attack['streams']} streams of {ZERO_WINDOW_TOKENS:,} tokens"
         if "inputs" in self.attack:
             return f"embeddings of {self.attack['inputs']:,} inputs × {EMBEDDING_DIM:,} dimensions"
-        return "none"
+        return ""
 
 
 async def phase(
@@ -868,10 +882,15 @@ def notes(phases: dict[str, Phase]) -> list[str]:
         if name == "baseline":
             continue
         if base["p50_s"] and p.victim["p50_s"] > 1.5 * base["p50_s"]:
+            sent = p.attack_requests()
+            beside = (
+                f"with the attack's own requests ({sent}) on the same engines"
+                if sent
+                else "the attack sending the engines nothing (the gateway's own work)"
+            )
             found.append(
                 f"- During {name} the victim's p50 was {p.victim['p50_s'] / base['p50_s']:.1f}× "
-                f"its baseline, with the attack's own requests ({p.attack_requests()}) on "
-                "the same engines."
+                f"its baseline, {beside}."
             )
         if p.ejected:
             reasons = Counter(p.ejected)

@@ -42,6 +42,7 @@ from fairpool.api.stored import schema_of, stored
 CRDS = {
     "fairpool.io/v1alpha1/inferencepools": ("InferencePool", "inferencepool", {"fpool"}),
     "fairpool.io/v1alpha1/tenantquotas": ("TenantQuota", "tenantquota", {"tq"}),
+    "fairpool.io/v1alpha1/tenantgroups": ("TenantGroup", "tenantgroup", {"tg"}),
 }
 VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 

@@ -528,7 +528,11 @@ def test_crds_validate_and_the_chart_holds_kopfs_peering_crds():
                     kubernetes_validate.validate(crd, version, strict=True)
                 names.add(crd["metadata"]["name"])
     assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= names
-    assert {"inferencepools.fairpool.io", "tenantquotas.fairpool.io"} <= names
+    assert {
+        "inferencepools.fairpool.io",
+        "tenantquotas.fairpool.io",
+        "tenantgroups.fairpool.io",
+    } <= names
 
 
 def test_chart_crds_are_byte_copies_of_the_generated_crds():
@@ -1174,12 +1178,12 @@ def test_operator_role_is_exactly_the_contract(default_docs):
     assert rules(default_docs, "Role", "fp-operator") == expand(
         (
             "fairpool.io",
-            ["inferencepools", "tenantquotas"],
+            ["inferencepools", "tenantquotas", "tenantgroups"],
             ["get", "list", "watch", "patch", "update"],
         ),
         (
             "fairpool.io",
-            ["inferencepools/status", "tenantquotas/status"],
+            ["inferencepools/status", "tenantquotas/status", "tenantgroups/status"],
             ["get", "patch", "update"],
         ),
         ("fairpool.io", ["inferencepools/finalizers"], ["update"]),
@@ -1402,11 +1406,11 @@ def test_the_kubernetes_examples_name_key_secrets_their_comments_make_with_rando
     )
     assert token and token.group(1) == "HF_TOKEN"  # what the comment makes is what is read
     assert len(gpu.quotas) == 2
-    for example in ("gpu", "tenants-slo", "cluster"):
+    for example, tenants in (("gpu", 2), ("tenants-slo", 4), ("cluster", 2)):
         path = ROOT / "examples" / f"{example}.yaml"
         quotas = load_manifests(path).quotas
         named = {q.spec.api_key_secret_ref.name for q in quotas if q.spec.api_key_secret_ref}
-        assert len(named) == len(quotas) == 2
+        assert len(named) == len(quotas) == tenants
         assert named == secrets_made_by_the_comments(path), example
     # Local mode's examples keep keys of their own, for the same tenants.
     local, cluster = (load_manifests(ROOT / "examples" / f"{n}.yaml") for n in ("local", "cluster"))
@@ -1420,6 +1424,16 @@ def test_the_kubernetes_examples_name_key_secrets_their_comments_make_with_rando
     assert classes["chat"].slo_class == "interactive"
     assert classes["chat"].ttft_seconds and classes["chat"].tbt_seconds
     assert classes["batch"].slo_class == "batch"
+    # two organisations, one with two teams: every tenant in a group, every group in the tree
+    parents = {group.name: group.spec.parent for group in slo.groups}
+    assert parents == {
+        "acme": None,
+        "acme-support": "acme",
+        "acme-research": "acme",
+        "globex": None,
+    }
+    assert {quota.spec.group for quota in slo.quotas} <= set(parents)
+    assert slo.pools[0].spec.scheduler.bands.batch.min_share == 0.05
 
 
 def test_a_bad_example_is_caught_by_the_crd_schema():

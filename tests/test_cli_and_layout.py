@@ -50,6 +50,20 @@ def test_demo_plots_service_over_time(tmp_path):
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
+def test_demo_priority_prints_bands_on_and_off_and_plots_ttft(tmp_path, capsys):
+    out, plot = tmp_path / "priority.json", tmp_path / "priority.png"
+    args = ["sim-demo", "--scenario", "priority", "--duration", "20", "--json", str(out)]
+    assert main([*args, "--plot", str(plot)]) == 0
+    printed = capsys.readouterr().out
+    assert "interactive" in printed and "TTFT p99" in printed and "priority" in printed
+    [result] = json.loads(out.read_text())
+    assert (result["scenario"], result["policy"]) == ("priority", "dlpm")
+    assert [run["label"] for run in result["runs"]] == ["on", "off", "alone"]
+    for finding in result["findings"]:
+        assert f"dlpm: {finding}" in printed.replace("\n", " ")
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
 def test_unknown_policy_is_a_clear_error_without_traceback(capsys):
     assert main(["sim-demo", "--duration", "1", "--policy", "nope"]) == 2
     err = capsys.readouterr().err

@@ -20,22 +20,32 @@ from pydantic import BaseModel, ValidationError
 
 from fairpool.api import crds
 from fairpool.api.inference_pool import InferencePool
+from fairpool.api.shares import default_bands
 from fairpool.api.stored import pruned_fields, stored
+from fairpool.api.tenant_group import TenantGroup
 from fairpool.api.tenant_quota import TenantQuota
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "crds"
-MODELS: dict[str, type[BaseModel]] = {"InferencePool": InferencePool, "TenantQuota": TenantQuota}
+MODELS: dict[str, type[BaseModel]] = {
+    "InferencePool": InferencePool,
+    "TenantQuota": TenantQuota,
+    "TenantGroup": TenantGroup,
+}
+PLURALS = {
+    "InferencePool": "inferencepools",
+    "TenantQuota": "tenantquotas",
+    "TenantGroup": "tenantgroups",
+}
 JUNCTORS = ("oneOf", "anyOf", "allOf", "not")
 Schema = dict[str, Any]
 
 
 def load_crd(kind: str) -> Schema:
     """The checked-in CRD of `kind`."""
-    plural = {"InferencePool": "inferencepools", "TenantQuota": "tenantquotas"}[kind]
-    document: Schema = yaml.safe_load((CRD_DIR / f"{plural}.fairpool.io.yaml").read_text())
+    document: Schema = yaml.safe_load((CRD_DIR / f"{PLURALS[kind]}.fairpool.io.yaml").read_text())
     return document
 
 
@@ -131,7 +141,7 @@ def test_crds_are_up_to_date_with_the_models():
 def test_check_mode_reports_stale_files_and_write_mode_fixes_them(tmp_path):
     lines: list[str] = []
     assert crds.main(["--check", "--dir", str(tmp_path)], out=lines.append) == 1
-    assert len(lines) == 2 and all("make crds" in line for line in lines)
+    assert len(lines) == len(crds.RESOURCES) and all("make crds" in line for line in lines)
     assert crds.main(["--dir", str(tmp_path)], out=lines.append) == 0
     assert crds.main(["--check", "--dir", str(tmp_path)], out=lines.append) == 0
     (tmp_path / "tenantquotas.fairpool.io.yaml").write_text("edited: by hand\n")
@@ -169,7 +179,11 @@ def test_a_broken_crd_is_caught_by_the_apiextensions_schema():
 
 @pytest.mark.parametrize(
     ("kind", "plural", "short"),
-    [("InferencePool", "inferencepools", "fpool"), ("TenantQuota", "tenantquotas", "tq")],
+    [
+        ("InferencePool", "inferencepools", "fpool"),
+        ("TenantQuota", "tenantquotas", "tq"),
+        ("TenantGroup", "tenantgroups", "tg"),
+    ],
 )
 def test_names_scope_version_and_status_subresource(kind, plural, short):
     crd = load_crd(kind)
@@ -210,6 +224,16 @@ def test_infpool_is_never_a_name_of_ours():
                 "Weight": ".spec.weight",
                 "Pools": ".spec.pools",
                 "Served Tokens": ".status.servedTokens",
+                "Age": ".metadata.creationTimestamp",
+            },
+        ),
+        (
+            "TenantGroup",
+            {
+                "Ready": '.status.conditions[?(@.type=="Ready")].status',
+                "Weight": ".spec.weight",
+                "Parent": ".spec.parent",
+                "Tenants": ".status.members.tenants",
                 "Age": ".metadata.creationTimestamp",
             },
         ),
@@ -306,6 +330,15 @@ def test_enums_ranges_and_nullables_come_from_the_models():
     }
     weight = schema_of("TenantQuota")["properties"]["spec"]["properties"]["weight"]
     assert (weight["minimum"], weight["exclusiveMinimum"], weight["maximum"]) == (0, True, 1000)
+    group_weight = schema_of("TenantGroup")["properties"]["spec"]["properties"]["weight"]
+    assert {key: group_weight[key] for key in weight if key != "description"} == {
+        key: weight[key] for key in weight if key != "description"
+    }, "a group's weight has the bounds and default of a tenant's"
+    bands = spec["scheduler"]["properties"]["bands"]
+    assert bands["default"] == {}
+    assert bands["properties"]["standard"]["default"] == {"minShare": 0.1}
+    assert bands["properties"]["batch"]["default"] == {"minShare": 0.05}
+    assert "interactive" not in bands["properties"], "the highest band has no minimum"
 
 
 # --- the models and the schema agree ----------------------------------------------------------
@@ -339,6 +372,26 @@ def test_examples_validate_against_the_schema_and_the_model(where, document):
         ("TenantQuota", resource("TenantQuota", {"tenant": "Acme_Corp"}), "spec.tenant"),
         ("TenantQuota", resource("TenantQuota", {"limits": {"rpm": 5}}), "spec.limits"),
         ("TenantQuota", resource("TenantQuota", {"slo": {"class": "gold"}}), "spec.slo.class"),
+        ("TenantQuota", resource("TenantQuota", {"group": "Acme"}), "spec.group"),
+        ("TenantGroup", resource("TenantGroup", {"weight": 0}), "spec.weight"),
+        ("TenantGroup", resource("TenantGroup", {"parent": "a_b"}), "spec.parent"),
+        ("TenantGroup", resource("TenantGroup", {"parent": "x"}), ""),  # its own name
+        ("TenantGroup", resource("TenantGroup", {"members": []}), "spec.members"),
+        (
+            "InferencePool",
+            pool(scheduler={"bands": {"batch": {"minShare": 1}}}),
+            "spec.scheduler.bands.batch.minShare",
+        ),
+        (
+            "InferencePool",
+            pool(scheduler={"bands": {"standard": {"minShare": 0.5}, "batch": {"minShare": 0.5}}}),
+            "spec.scheduler.bands",
+        ),
+        (
+            "InferencePool",
+            pool(scheduler={"bands": {"interactive": {"minShare": 0.5}}}),
+            "spec.scheduler.bands.interactive",
+        ),
         ("InferencePool", pool(engine={"kind": "tgi"}), "spec.engine.kind"),
         ("InferencePool", pool(replicas=-1), "spec.replicas"),
         ("InferencePool", pool(scheduler={"policy": "dlpmm"}), "spec.scheduler.policy"),
@@ -368,11 +421,31 @@ def test_an_explicit_null_of_a_nullable_field_passes_both():
 
 
 def test_defaults_of_the_schema_are_the_defaults_of_the_models():
-    for kind, document in [("InferencePool", pool()), ("TenantQuota", resource("TenantQuota"))]:
+    for kind, document, field in [
+        ("InferencePool", pool(), "scheduler"),
+        ("TenantQuota", resource("TenantQuota"), "weight"),
+        ("TenantGroup", resource("TenantGroup"), "weight"),
+    ]:
         model = MODELS[kind]
         kept = stored(document)
         assert model.model_validate(kept) == model.model_validate(document)
-        assert kept["spec"]["scheduler" if kind == "InferencePool" else "weight"]
+        assert kept["spec"][field]
+    bands = stored(pool())["spec"]["scheduler"]["bands"]
+    assert bands == {"standard": {"minShare": 0.1}, "batch": {"minShare": 0.05}}
+    assert InferencePool.model_validate(pool()).spec.scheduler.bands.by_band() == {
+        band: share for band, share in default_bands().items() if band != "interactive"
+    }
+
+
+def test_a_group_that_is_its_own_parent_is_refused_by_both_naming_the_field():
+    document = resource("TenantGroup", {"parent": "x"})
+    assert schema_errors("TenantGroup", document) == [
+        ": spec.parent: a group cannot be its own parent"
+    ]
+    assert model_errors("TenantGroup", stored(document)) == [
+        "spec.parent: a group cannot be its own parent"
+    ]
+    assert schema_errors("TenantGroup", resource("TenantGroup", {"parent": "y"})) == []
 
 
 def operator_only(kind: str, document: Schema) -> bool:
@@ -446,6 +519,10 @@ POOL_SPECS = with_mutations(
                 memorySafe=some(True, False),
                 quantum=some(None, 2048, 0.5),
                 cost=optional_dict(extendWeight=some(0, 1.5), outputWeight=some(2)),
+                bands=optional_dict(
+                    standard=optional_dict(minShare=some(0, 0.1, 0.5, 0.95)),
+                    batch=optional_dict(minShare=some(0, 0.05, 0.5)),
+                ),
             ),
             "routing": optional_dict(
                 policy=some("d2lpm", "cache_aware"),
@@ -485,6 +562,10 @@ POOL_SPECS = with_mutations(
         (("scheduler", "policy"), ""),
         (("scheduler", "quantum"), 0),
         (("scheduler", "cost", "extendWeight"), -1),
+        (("scheduler", "bands", "standard", "minShare"), 1),
+        (("scheduler", "bands", "batch", "minShare"), -0.1),
+        (("scheduler", "bands", "batch", "minShare"), 0.9),
+        (("scheduler", "bands", "interactive"), {"minShare": 0.1}),
         (("routing", "policy"), "random"),
         (("routing", "workerQuantum"), 0),
         (("routing", "minMatchChars"), -1),
@@ -500,6 +581,7 @@ TENANT_SPECS = with_mutations(
         tenant=some(None, "acme", "a-1", "a" * 63),
         weight=some(0.5, 2, 1000),
         pools=some([], ["chat"]),
+        group=some(None, "acme", "team-1"),
         apiKeySecretRef=some(None, {"name": "keys"}, {"name": "keys", "key": None}),
         limits=optional_dict(requestsPerMinute=some(1, None), concurrent=some(1), queued=some(0)),
         slo=optional_dict(
@@ -523,11 +605,33 @@ TENANT_SPECS = with_mutations(
         (("slo", "class"), "gold"),
         (("slo", "ttftSeconds"), 0),
         (("slo", "unknownField"), 1),
+        (("group",), ""),
+        (("group",), "Acme"),
+        (("unknownField",), 1),
+    ],
+)
+GROUP_SPECS = with_mutations(
+    optional_dict(
+        weight=some(0.5, 2, 1000),
+        parent=some(None, "acme", "a" * 63),
+        description=some(None, "Acme's support team", ""),
+    ),
+    [
+        (("weight",), 0),
+        (("weight",), 1000.5),
+        (("weight",), None),
+        (("parent",), "x"),  # the group's own name
+        (("parent",), ""),
+        (("parent",), "Acme"),
+        (("parent",), "a" * 64),
+        (("description",), "d" * 1025),
         (("unknownField",), 1),
     ],
 )
 CASES = st.one_of(
-    st.tuples(st.just("InferencePool"), POOL_SPECS), st.tuples(st.just("TenantQuota"), TENANT_SPECS)
+    st.tuples(st.just("InferencePool"), POOL_SPECS),
+    st.tuples(st.just("TenantQuota"), TENANT_SPECS),
+    st.tuples(st.just("TenantGroup"), GROUP_SPECS),
 )
 
 

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fairpool.api.scheduler_config import (
+    BAND_XARG,
     TENANT_XARG,
     check_xargs,
     load_scheduler_config,
@@ -190,9 +191,11 @@ def test_tenant_metrics_follow_the_policy():
     live.policy.admit("r1", cached_tokens=40)
     metrics.export(live, 1000, force=True)
     text = generate_latest(registry).decode()
-    assert 'fairpool_engine_tenant_service_total{tenant="acme"} 60.0' in text
-    assert 'fairpool_engine_tenant_requests_waiting{tenant="globex"} 1.0' in text
-    assert 'fairpool_engine_tenant_requests_running{tenant="acme"} 1.0' in text
+    service = "fairpool_engine_tenant_service_total"
+    assert f'{service}{{band="standard",tenant="acme"}} 60.0' in text
+    assert 'fairpool_engine_tenant_requests_waiting{band="standard",tenant="globex"} 1.0' in text
+    assert 'fairpool_engine_tenant_requests_running{band="standard",tenant="acme"} 1.0' in text
+    assert 'fairpool_engine_tenant_weight{tenant="acme"} 1.0' in text
     assert 'fairpool_engine_scheduler_info{policy="dlpm"} 1.0' in text
     # `auto` Q: the floor until a prompt costs more; 2(U + Q) with U = 100 + 2·1000
     assert 'fairpool_engine_scheduler_quantum{policy="dlpm"} 2048.0' in text
@@ -202,9 +205,87 @@ def test_tenant_metrics_follow_the_policy():
     assert 'tenant="acme"} 60.0' in generate_latest(registry).decode()
     clock.now += 1
     metrics.export(live, 1000)
-    assert 'fairpool_engine_tenant_service_total{tenant="acme"} 66.0' in (
+    assert f'{service}{{band="standard",tenant="acme"}} 66.0' in (
         generate_latest(registry).decode()
     )
+
+
+def test_tenant_metrics_label_each_flow_with_its_band(tmp_path):
+    """A tenant's requests in its own band and in a lower one it asked are two series of
+    one tenant; a change of the tenant's band moves its flow to the new series, the old
+    one's gauges at 0; the weight stays one series per tenant."""
+    path = tmp_path / "scheduler.yaml"
+    write(path, "policy: vtc\ntenants: {acme: 2}\ntenantBands: {acme: interactive}\n")
+    clock = FakeClock()
+    live = LiveScheduler(path, clock=clock)
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry)
+    policy = live.policy
+    policy.add(Request("r1", live.flow_of({TENANT_XARG: "acme"}), 100, 10))
+    policy.add(Request("r2", live.flow_of({TENANT_XARG: "acme", BAND_XARG: "batch"}), 50, 10))
+    policy.admit("r2")
+    metrics.export(live, 1000, force=True)
+    text = generate_latest(registry).decode()
+    assert 'fairpool_engine_tenant_service_total{band="batch",tenant="acme"} 50.0' in text
+    assert 'fairpool_engine_tenant_requests_running{band="batch",tenant="acme"} 1.0' in text
+    assert 'fairpool_engine_tenant_requests_waiting{band="interactive",tenant="acme"} 1.0' in text
+    assert 'fairpool_engine_tenant_weight{tenant="acme"} 2.0' in text
+    assert "acme@" not in text  # flows never leak into the tenant label
+    write(path, "policy: vtc\ntenants: {acme: 2}\ntenantBands: {acme: standard}\n")
+    clock.now += 2
+    assert live.maybe_reload() and live.policy is policy
+    metrics.export(live, 1000, force=True)
+    text = generate_latest(registry).decode()
+    assert 'fairpool_engine_tenant_requests_waiting{band="standard",tenant="acme"} 1.0' in text
+    assert 'fairpool_engine_tenant_requests_waiting{band="interactive",tenant="acme"} 0.0' in text
+
+
+def test_a_request_runs_in_its_flow_under_the_bands_in_force(tmp_path):
+    path = tmp_path / "scheduler.yaml"
+    write(path, "policy: vtc\ntenantBands: {fast: interactive, bulk: batch}\n")
+    clock = FakeClock()
+    live = LiveScheduler(path, clock=clock)
+    assert live.flow_of({TENANT_XARG: "fast"}) == "fast"
+    assert live.flow_of({TENANT_XARG: "fast", BAND_XARG: "batch"}) == "fast@batch"
+    assert live.flow_of({TENANT_XARG: "fast", BAND_XARG: "interactive"}) == "fast"
+    assert live.flow_of({TENANT_XARG: "bulk", BAND_XARG: "interactive"}) == "bulk"  # not up
+    assert live.flow_of({BAND_XARG: "batch"}) == "default@batch"
+    assert live.flow_of(None) == "default"
+    write(path, "policy: vtc\ntenantBands: {fast: batch}\n")
+    clock.now += 2
+    assert live.maybe_reload()
+    assert live.flow_of({TENANT_XARG: "fast", BAND_XARG: "batch"}) == "fast"
+
+
+def test_a_change_of_bands_and_groups_keeps_the_policy_and_its_counters(tmp_path):
+    """Bands and groups are the fair tree's shape: changing them keeps the running policy
+    (its counters, its queue), and the next pick follows the new shape. (A flow that
+    changes band competes in the new band's tree, from VTC's lift there.)"""
+    path = tmp_path / "scheduler.yaml"
+    write(path, "policy: vtc\n")
+    clock = FakeClock()
+    live = LiveScheduler(path, clock=clock)
+    policy = live.policy
+    view = EngineSnapshot(memory_tokens=10_000)
+    for index, tenant in enumerate(["a", "b", "a", "b"]):
+        policy.add(Request(f"r{index}", tenant, 100, 10))
+    policy.admit(policy.next_request(view).request_id)
+    counters = {tenant: policy.tree.counter(tenant) for tenant in "ab"}
+    assert counters == {"a": 100, "b": 0}
+    assert policy.next_request(view).tenant == "b"  # a was served: b's turn
+
+    def reload(text: str) -> None:
+        write(path, text)
+        clock.now += 2
+        assert live.maybe_reload()
+        assert live.policy is policy and policy.waiting_count == 3
+
+    reload("policy: vtc\ngroups: {org: {weight: 2}}\ntenantGroups: {a: org}\n")
+    assert {tenant: policy.tree.counter(tenant) for tenant in "ab"} == counters
+    assert policy.weights.path("a") == ("org",)
+    reload("policy: vtc\ntenantBands: {a: interactive}\n")
+    assert policy.weights.band_of("a") == "interactive"
+    assert policy.next_request(view).tenant == "a"  # the higher band first
 
 
 def test_take_over_requires_an_empty_policy():

@@ -442,6 +442,8 @@ def test_a_work_conserving_policy_lets_a_tenant_fill_the_batch_theorem_4_8(
     lightest = min(table[t] for t in TENANTS)
     assert engine.largest_gain_over_a_backlogged_tenant() >= gap / table[f] - 1e-6
     engine.apply(("serve", 3 * output))  # f's next batch, g's turn, and so on
+    # The bounds' U is over every request served: g's prompt may be longer than f's.
+    u = extend_weight * max(prompt, g_total - g_output) + output_weight * memory
     bounds = {"vtc": 2 * u / lightest, "dlpm": 2 * (u / lightest + quantum)}
     if name in bounds:
         assert engine.largest_gain_over_a_backlogged_tenant() <= bounds[name] + 1e-6

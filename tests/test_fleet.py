@@ -417,6 +417,10 @@ def test_sim_command_writes_the_json_contract(tmp_path, capsys):
         "fairness_bound",
         "max_backlogged_service_gap",
         "max_fully_backlogged_service_gap",
+        "worst_share_ratio",
+        "worst_share_ratio_tenant",
+        "hung_up",
+        "bands",
         "tenants",
     ):
         assert key in summary
@@ -434,8 +438,14 @@ def test_sim_command_writes_the_json_contract(tmp_path, capsys):
         "latency_p50",
         "latency_p99",
         "backlogged_s",
+        "fully_backlogged_s",
+        "hung_up",
+        "backlogged_share",
+        "entitled_share",
+        "share_ratio",
     ):
         assert key in summary["tenants"]["a"]
+    assert set(summary["bands"]["standard"]) >= {"requests", "service", "ttft_p50", "ttft_p99"}
     assert summary["tenants"]["a"]["requests"] == 2
     assert "tenant" in capsys.readouterr().out
 

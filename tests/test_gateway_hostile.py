@@ -65,11 +65,15 @@ def nothing_in_flight(running: GatewayThread) -> bool:
 
 def raw_exchange(url: str, request: bytes) -> bytes:
     """Send `request` bytes on a fresh connection and read until the gateway closes it or
-    has answered (the headers and a Content-Length body)."""
+    has answered (the headers and a Content-Length body); b"" if it reset the connection
+    before we were done sending."""
     host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=SOCKET_DEADLINE) as connection:
-        connection.sendall(request)
-        return _read_answer(connection)
+    try:
+        with socket.create_connection((host, int(port)), timeout=SOCKET_DEADLINE) as connection:
+            connection.sendall(request)
+            return _read_answer(connection)
+    except (ConnectionResetError, BrokenPipeError):  # reset before we were done sending
+        return b""
 
 
 def _read_answer(connection: socket.socket) -> bytes:

@@ -132,10 +132,10 @@ def test_each_worker_gets_its_part_of_the_limits_and_the_saturation():
     counted = config_for_worker(shared, 2)
     assert counted.shared_state is not None and counted.shared_state.replicas == 6
     assert counted.tenants[0].limits.requests_per_minute == 10  # the shared state counts
-    assert counted.pools[0].routing.saturation.max_outstanding == 9  # ... and the cap, but
-    # with fair engines the cap stays per replica, so each process keeps its part of it
+    assert counted.pools[0].routing.saturation.max_outstanding == 9  # ... and the cap,
+    # with fair engines too: each replica counts its peers' requests in flight against it
     fair = shared.model_copy(
         update={"pools": [shared.pools[0].model_copy(update={"fair_engines": True})]}
     )
-    assert config_for_worker(fair, 2).pools[0].routing.saturation.max_outstanding == 5
+    assert config_for_worker(fair, 2).pools[0].routing.saturation.max_outstanding == 9
     assert config_for_worker(config, 1) is config

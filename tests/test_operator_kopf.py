@@ -24,6 +24,7 @@ pytest.importorskip("kopf", reason="kopf (the operator extra) runs the operator"
 pytest.importorskip("kmock", reason="kmock (the dev extra) emulates the API")
 
 import kmock
+import kmock_shim
 import kopf
 from kmock_shim import Refusal, faithful_kmock
 from kopf.testing import KopfRunner
@@ -31,6 +32,7 @@ from kopf.testing import KopfRunner
 NS = "serving"
 POOLS = "fairpool.io/v1alpha1/inferencepools"
 TENANTS = "fairpool.io/v1alpha1/tenantquotas"
+GROUPS = "fairpool.io/v1alpha1/tenantgroups"
 KEY = "sk-acme-0001"
 HANDLED = "kopf.fairpool.io/last-handled-configuration"
 
@@ -59,6 +61,18 @@ def tenant(name: str, weight: float, pools: list[str]) -> dict[str, Any]:
         "kind": "TenantQuota",
         "metadata": {"name": name, "namespace": NS},
         "spec": {"weight": weight, "pools": pools, "apiKeySecretRef": {"name": f"{name}-keys"}},
+    }
+
+
+def group(name: str, weight: float = 1, parent: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"weight": weight}
+    if parent is not None:
+        spec["parent"] = parent
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantGroup",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
     }
 
 
@@ -411,6 +425,80 @@ def test_reconciles_read_the_operators_objects_from_its_watches(cluster_env: Pat
                 assert len(emulator[deployment]) == before  # the reconciles read it cached
 
     asyncio.run(scenario())
+
+
+def test_tenant_groups_join_the_tree_and_say_what_is_under_them(cluster_env: Path) -> None:
+    """A TenantGroup and a TenantQuota in it (an interactive one): the scheduler ConfigMap
+    and the gateway's configuration carry the tree, the group's status its members; a
+    group under one that does not exist says so; a group's weight change and its deletion
+    reach the ConfigMap."""
+
+    async def scenario() -> list[str]:
+        async with faithful_kmock() as emulator:
+            write_kubeconfig(cluster_env, str(emulator.url).rstrip("/"))
+            k = Cluster(emulator)
+            base = f"/apis/fairpool.io/v1alpha1/namespaces/{NS}"
+            await k.post(f"/api/v1/namespaces/{NS}/secrets", secret("acme-keys", KEY))
+            await k.post(f"{base}/inferencepools", pool())
+            await k.post(f"{base}/tenantgroups", group("org", 2))
+            member = tenant("acme", 1, ["chat"])
+            member["spec"].update({"group": "org", "slo": {"class": "interactive"}})
+            await k.post(f"{base}/tenantquotas", member)
+            async with Operator() as runner:
+                await eventually(lambda: k.scheduler("chat")["tenantGroups"] == {"acme": "org"})
+                assert k.scheduler("chat")["groups"] == {"org": {"weight": 2.0}}
+                assert k.scheduler("chat")["tenantBands"] == {"acme": "interactive"}
+                await eventually(lambda: k.gateway()["groups"] == {"org": {"weight": 2.0}})
+                assert k.gateway()["tenants"][0]["group"] == "org"
+                await eventually(lambda: ready(k.get(GROUPS, "org")) == "True")
+                members = k.get(GROUPS, "org")["status"]["members"]
+                assert members == {"groups": [], "tenants": ["acme"]}
+
+                await k.post(f"{base}/tenantgroups", group("team", parent="nowhere"))
+                await eventually(lambda: reason(k.get(GROUPS, "team")) == "ParentNotFound")
+                message = condition(k.get(GROUPS, "team"), "Ready")["message"]
+                assert message.startswith("spec.parent: no TenantGroup named 'nowhere'")
+
+                await emulator.patch(f"{base}/tenantgroups/org", json={"spec": {"weight": 5}})
+                await eventually(lambda: k.scheduler("chat")["groups"] == {"org": {"weight": 5.0}})
+
+                await emulator.delete(f"{base}/tenantgroups/org")
+                await eventually(lambda: "tenantGroups" not in k.scheduler("chat"))
+                await eventually(
+                    lambda: "spec.group" in condition(k.get(TENANTS, "acme"), "Ready")["message"]
+                )
+                assert ready(k.get(TENANTS, "acme")) == "True"  # still served
+            return [runner.output]
+
+    outputs = asyncio.run(scenario())
+    assert "Traceback" not in "".join(outputs)
+
+
+def test_without_the_tenantgroup_crd_the_operator_runs_as_before(
+    cluster_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade whose new CRD is not applied yet: the API server does not serve
+    TenantGroups, and pools and tenants are reconciled all the same (at start, and from
+    kopf's handlers after a change)."""
+    monkeypatch.delitem(kmock_shim.CRDS, GROUPS)
+
+    async def scenario() -> list[str]:
+        async with faithful_kmock() as emulator:
+            write_kubeconfig(cluster_env, str(emulator.url).rstrip("/"))
+            k = Cluster(emulator)
+            base = f"/apis/fairpool.io/v1alpha1/namespaces/{NS}"
+            await k.post(f"/api/v1/namespaces/{NS}/secrets", secret("acme-keys", KEY))
+            await k.post(f"{base}/inferencepools", pool())
+            await k.post(f"{base}/tenantquotas", tenant("acme", 1, ["chat"]))
+            async with Operator() as runner:
+                await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 1.0})
+                await eventually(lambda: ready(k.get(TENANTS, "acme")) == "True")
+                await emulator.patch(f"{base}/tenantquotas/acme", json={"spec": {"weight": 3}})
+                await eventually(lambda: k.scheduler("chat")["tenants"] == {"acme": 3.0})
+            return [runner.output]
+
+    outputs = asyncio.run(scenario())
+    assert "Traceback" not in "".join(outputs)
 
 
 def condition_of(body: dict[str, Any] | None, kind: str) -> dict[str, Any]:

@@ -15,7 +15,8 @@ import yaml
 from operator_fakes import FakeApi
 from polling import DEADLINE, wait_until
 
-from fairpool.api.gateway_config import key_digest
+from fairpool.api.gateway_config import GatewayConfig, key_digest
+from fairpool.api.scheduler_config import parse_scheduler_config
 from fairpool.sched.errors import ConfigError
 from fairpool_operator.api import ApiError
 from fairpool_operator.config import GeneratedSecret, OperatorConfig
@@ -369,7 +370,10 @@ fairpool_gateway_service_total{tenant="acme",pool="chat"} 80.0
 fairpool_gateway_service_total{tenant="acme",pool="code"} 40.0
 fairpool_gateway_service_total{tenant="b \\"q\\"",pool="chat"} 1.5
 """
-    assert parse_served(text) == {"acme": Served(120, 120.0), 'b \\"q\\"': Served(0, 1.5)}
+    assert parse_served(text) == {
+        "acme": Served(120, 120.0, {"chat": Served(100, 80.0), "code": Served(20, 40.0)}),
+        'b \\"q\\"': Served(0, 1.5, {"chat": Served(0, 1.5)}),
+    }
 
 
 def test_concurrent_requests_coalesce_into_few_reconciles() -> None:
@@ -594,3 +598,234 @@ def test_the_operator_counts_its_reconciles_writes_and_refusals() -> None:
     with pytest.raises(ApiError):
         operator.reconcile()
     assert sample("fairpool_operator_reconciles_total", result="error") == before["error"] + 1
+
+
+# --- the fair order's tree: TenantGroups, groups of tenants, bands -------------------------------
+
+
+def group(name: str, weight: float = 1, parent: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"weight": weight}
+    if parent is not None:
+        spec["parent"] = parent
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantGroup",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def grouped(name: str, group_name: str | None, pools: list[str], **spec: Any) -> dict[str, Any]:
+    body = tenant(name, 1, pools)
+    if group_name is not None:
+        body["spec"]["group"] = group_name
+    body["spec"].update(spec)
+    return body
+
+
+def ready_condition(api: FakeApi, kind: str, name: str) -> dict[str, Any]:
+    conditions = api.objects[kind, name]["status"]["conditions"]
+    return next(c for c in conditions if c["type"] == "Ready")
+
+
+def organisations() -> tuple[FakeApi, Reconciler]:
+    """acme (two teams, three tenants) and globex (one batch tenant) sharing chat; code has
+    one of acme's tenants."""
+    api = FakeApi()
+    for body in (
+        pool("chat"),
+        pool("code", scheduler={"bands": {"batch": {"minShare": 0.2}}}),
+        group("acme", 3),
+        group("support", 2, parent="acme"),
+        group("research", 1, parent="acme"),
+        group("globex"),
+        grouped("chat-ui", "support", ["chat"], slo={"class": "interactive"}),
+        grouped("tickets", "support", ["chat"]),
+        grouped("papers", "research", ["chat", "code"]),
+        grouped("jobs", "globex", ["chat"], slo={"class": "batch"}),
+        *(
+            secret(f"{name}-keys", f"sk-{name}")
+            for name in ("chat-ui", "tickets", "papers", "jobs")
+        ),
+    ):
+        api.put(body)
+    return api, Reconciler(api, CONFIG, clock())
+
+
+def test_groups_and_bands_reach_the_scheduler_configmaps_and_the_gateway() -> None:
+    api, reconciler = organisations()
+    reconciler.reconcile()
+    chat = scheduler(api, "chat")
+    assert chat["groups"] == {
+        "acme": {"weight": 3.0},
+        "globex": {"weight": 1.0},
+        "research": {"weight": 1.0, "parent": "acme"},
+        "support": {"weight": 2.0, "parent": "acme"},
+    }
+    assert chat["tenantGroups"] == {
+        "chat-ui": "support",
+        "tickets": "support",
+        "papers": "research",
+        "jobs": "globex",
+    }
+    assert chat["tenantBands"] == {"chat-ui": "interactive", "jobs": "batch"}  # not standard
+    assert chat["bands"] == {"standard": {"minShare": 0.1}, "batch": {"minShare": 0.05}}
+    code = scheduler(api, "code")  # only the groups on its one tenant's path
+    assert code["groups"] == {
+        "acme": {"weight": 3.0},
+        "research": {"weight": 1.0, "parent": "acme"},
+    }
+    assert code["tenantGroups"] == {"papers": "research"} and "tenantBands" not in code
+    assert code["bands"]["batch"] == {"minShare": 0.2}
+    config = gateway(api)
+    assert set(config["groups"]) == {"acme", "globex", "research", "support"}
+    assert {t["tenant"]: t.get("group") for t in config["tenants"]} == chat["tenantGroups"]
+    assert {p["name"]: p["bands"]["batch"]["minShare"] for p in config["pools"]} == {
+        "chat": 0.05,
+        "code": 0.2,
+    }
+    # the gateway's tree of a pool is the engines' tree of it
+    parsed = GatewayConfig.model_validate(config)
+    for name in ("chat", "code"):
+        engines = parse_scheduler_config(scheduler(api, name)).weights()
+        ours = parsed.shares(name)
+        assert (ours.groups, ours.tenant_groups, ours.tenant_bands, ours.min_shares) == (
+            engines.groups,
+            engines.tenant_groups,
+            engines.tenant_bands,
+            engines.min_shares,
+        )
+        assert dict(ours) == dict(engines)
+    for name in ("acme", "support", "research", "globex"):
+        assert ready_condition(api, "TenantGroup", name)["status"] == "True"
+    members = {
+        name: api.objects["TenantGroup", name]["status"]["members"]
+        for name in ("acme", "support", "research", "globex")
+    }
+    assert members == {
+        "acme": {"groups": ["research", "support"], "tenants": []},
+        "support": {"groups": [], "tenants": ["chat-ui", "tickets"]},
+        "research": {"groups": [], "tenants": ["papers"]},
+        "globex": {"groups": [], "tenants": ["jobs"]},
+    }
+    assert reconciler.reconcile() == []
+
+
+def test_a_group_weight_change_rewrites_only_the_pools_with_its_tenants() -> None:
+    api, reconciler = organisations()
+    reconciler.reconcile()
+    api.take_writes()
+    api.edit("TenantGroup", "globex", {"weight": 4})  # its one tenant uses chat only
+    reconciler.reconcile()
+    assert sorted(api.take_writes()) == [
+        ("apply", "ConfigMap", "chat-scheduler"),
+        ("apply", "Secret", "fairpool-gateway-config"),
+        ("status", "TenantGroup", "globex"),  # observedGeneration
+    ]
+    assert scheduler(api, "chat")["groups"]["globex"] == {"weight": 4.0}
+
+
+def test_a_broken_tree_is_reported_on_the_groups_and_the_rest_keeps_serving() -> None:
+    api, reconciler = organisations()
+    reconciler.reconcile()
+    api.take_writes()
+    api.edit("TenantGroup", "acme", {"parent": "support"})  # acme → support → acme
+    api.edit("TenantGroup", "globex", {"parent": "initech"})  # no such group
+    api.edit("TenantQuota", "tickets", {"group": "helpdesk"})  # no such group either
+    reconciler.reconcile()  # no exception
+    cycle = ready_condition(api, "TenantGroup", "acme")
+    assert (cycle["status"], cycle["reason"]) == ("False", "ParentCycle")
+    assert cycle["message"].startswith("spec.parent: the groups acme → support → acme")
+    assert ready_condition(api, "TenantGroup", "support")["reason"] == "ParentCycle"
+    missing = ready_condition(api, "TenantGroup", "globex")
+    assert (missing["status"], missing["reason"]) == ("False", "ParentNotFound")
+    assert "no TenantGroup named 'initech'" in missing["message"]
+    # the tree stays one: the broken groups are directly under their bands ...
+    chat = scheduler(api, "chat")
+    assert chat["groups"]["acme"] == {"weight": 3.0}
+    assert chat["groups"]["support"] == {"weight": 2.0}
+    assert chat["groups"]["globex"] == {"weight": 1.0}
+    # ... and the tenant of a missing group too, still served, saying so
+    assert "tickets" not in chat["tenantGroups"]
+    tickets = ready_condition(api, "TenantQuota", "tickets")
+    assert (
+        tickets["status"] == "True"
+        and "spec.group: TenantGroup 'helpdesk' not found" in (tickets["message"])
+    )
+    assert "tickets" in [t["tenant"] for t in gateway(api)["tenants"]]
+    assert reconciler.reconcile() == []
+
+    api.put(group("helpdesk", parent="acme"))  # the group comes: the tenant joins it
+    api.edit("TenantGroup", "acme", {"parent": None})
+    reconciler.reconcile()
+    assert scheduler(api, "chat")["tenantGroups"]["tickets"] == "helpdesk"
+    assert ready_condition(api, "TenantGroup", "acme")["status"] == "True"
+    assert ready_condition(api, "TenantQuota", "tickets")["message"] == (
+        "in the gateway's tenant table"
+    )
+
+
+def test_an_invalid_group_is_not_ready_and_its_members_stand_alone() -> None:
+    api, reconciler = organisations()
+    api.edit("TenantGroup", "research", {"weight": 0})
+    api.put(group("lab", parent="research"))
+    reconciler.reconcile()
+    invalid = ready_condition(api, "TenantGroup", "research")
+    assert (invalid["status"], invalid["reason"]) == ("False", "InvalidSpec")
+    assert invalid["message"].startswith("spec.weight")
+    lab = ready_condition(api, "TenantGroup", "lab")
+    assert lab["reason"] == "ParentNotFound" and "'research' is invalid" in lab["message"]
+    assert "research" not in scheduler(api, "code").get("groups", {})
+    assert "papers" not in scheduler(api, "code").get("tenantGroups", {})
+
+
+def test_group_shares_of_each_pool_are_written_from_the_gateways_numbers() -> None:
+    api, reconciler = organisations()
+    reconciler.reconcile()
+    api.take_writes()
+    report = {
+        "chat-ui": Served(100, 60.0, {"chat": Served(100, 60.0)}),
+        "tickets": Served(50, 20.0, {"chat": Served(50, 20.0)}),
+        "papers": Served(30, 40.0, {"chat": Served(10, 10.0), "code": Served(20, 30.0)}),
+        "jobs": Served(10, 10.0, {"chat": Served(10, 10.0)}),
+    }
+    reconciler.record_served(report)
+    writes = api.take_writes()
+    assert ("status", "TenantGroup", "acme") in writes
+    assert ("status", "TenantGroup", "globex") in writes
+    status = api.objects["TenantGroup", "acme"]["status"]
+    assert status["pools"] == [
+        {"pool": "chat", "servedTokens": 160, "servedService": 90.0, "share": 0.9},
+        {"pool": "code", "servedTokens": 20, "servedService": 30.0, "share": 1.0},
+    ]
+    assert status["lastReported"]
+    assert api.objects["TenantGroup", "support"]["status"]["pools"][0]["share"] == 0.8
+    assert api.objects["TenantGroup", "globex"]["status"]["pools"][0] == {
+        "pool": "chat",
+        "servedTokens": 10,
+        "servedService": 10.0,
+        "share": 0.1,
+    }
+    reconciler.record_served(report)  # the same numbers: nothing written
+    assert api.take_writes() == []
+    assert reconciler.reconcile() == []  # the reconcile leaves them alone
+
+
+class NoGroupsApi(FakeApi):
+    """An API server without the TenantGroup CRD (an upgrade that has not applied it)."""
+
+    def list(self, kind: Any, labels: Any = None) -> list[dict[str, Any]]:
+        if kind.kind == "TenantGroup":
+            raise ApiError(404, "the server could not find the requested resource")
+        return super().list(kind, labels)
+
+
+def test_without_the_tenantgroup_crd_everything_else_is_reconciled() -> None:
+    api = NoGroupsApi()
+    for body in (pool("chat"), grouped("acme", "org", ["chat"]), secret("acme-keys", "sk-a")):
+        api.put(body)
+    reconciler = Reconciler(api, CONFIG, clock())
+    reconciler.reconcile()
+    assert scheduler(api, "chat")["tenants"] == {"acme": 1.0}
+    assert "org" in ready_condition(api, "TenantQuota", "acme")["message"]
+    assert reconciler.record_served({"acme": Served(1, 1.0, {"chat": Served(1, 1.0)})})

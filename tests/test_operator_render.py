@@ -27,7 +27,7 @@ from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import plan_namespace
 from fairpool_operator.render import engine_deployment, pool_objects
-from fairpool_operator.status import pool_status, tenant_status
+from fairpool_operator.status import group_status, pool_status, tenant_status
 
 pytestmark = pytest.mark.unit
 
@@ -66,6 +66,19 @@ def tenant_body(name: str, weight: float = 1, pools: list[str] | None = None, **
         },
     }
     body["spec"].update(spec)
+    return stored(body)
+
+
+def group_body(name: str, weight: float = 1, parent: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"weight": weight}
+    if parent is not None:
+        spec["parent"] = parent
+    body = {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantGroup",
+        "metadata": {"name": name, "generation": 1},
+        "spec": spec,
+    }
     return stored(body)
 
 
@@ -588,9 +601,27 @@ def test_statuses_validate_against_the_crd_status_schemas() -> None:
     )
     tenant_patch = status_patch({}, tenant_status(plan.tenants[0]), "2026-11-21T10:00:00Z")
     served = {"servedTokens": 10, "servedService": 12.5, "lastReported": "2026-11-21T10:00:00Z"}
+    groups = [group_body("org"), group_body("team", parent="org"), group_body("lab", parent="x")]
+    plan = plan_namespace(
+        [pool_body()], [tenant_body("acme", group="team")], {}, CONFIG, groups=groups
+    )
+    shares = {
+        "pools": [{"pool": "chat", "servedTokens": 10, "servedService": 12.5, "share": 0.25}],
+        "lastReported": "2026-11-21T10:00:00Z",
+    }
+    group_patches = [
+        {**(status_patch({}, group_status(group), "2026-11-21T10:00:00Z") or {}), **shares}
+        for group in plan.groups
+    ]
+    assert [patch["conditions"][0]["status"] for patch in group_patches] == [
+        "False",
+        "True",
+        "True",
+    ]
     for plural, status in (
         ("inferencepools", pool_patch),
         ("tenantquotas", {**(tenant_patch or {}), **served}),
+        *(("tenantgroups", patch) for patch in group_patches),
     ):
         jsonschema.validate(status, crd_status_schema(plural))
 
@@ -642,6 +673,48 @@ def test_fairpool_render_reports_problems_on_stderr(tmp_path: Path, capsys) -> N
     kinds = [o["kind"] for o in yaml.safe_load_all(captured.out)]
     assert kinds == ["Secret"]  # the gateway's, with neither pool nor tenant
     assert main(["render", "-f", str(tmp_path / "none.yaml")]) == 2
+
+
+def test_fairpool_render_of_groups_and_bands(tmp_path: Path, capsys) -> None:
+    """examples/tenants-slo.yaml, with its keys in Secrets the operator reads: the tree
+    reaches the scheduler ConfigMap and the gateway's configuration; a broken one is
+    reported naming the object and field, and the rest still renders."""
+    documents = list(yaml.safe_load_all((ROOT / "examples" / "tenants-slo.yaml").read_text()))
+    names = [d["spec"]["apiKeySecretRef"]["name"] for d in documents if d["kind"] == "TenantQuota"]
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump_all([secret_body(n, key=f"sk-{n}") for n in names]))
+    example = str(ROOT / "examples" / "tenants-slo.yaml")
+    assert main(["render", "-f", example, "-f", str(keys)]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    scheduler = yaml.safe_load(objects[0]["data"]["scheduler.yaml"])
+    gateway = yaml.safe_load(objects[-1]["stringData"]["gateway.yaml"])
+    assert (
+        set(gateway["groups"])
+        == set(scheduler["groups"])
+        == {
+            "acme",
+            "acme-support",
+            "acme-research",
+            "globex",
+        }
+    )
+    assert {t["tenant"]: t["group"] for t in gateway["tenants"]} == scheduler["tenantGroups"]
+    assert scheduler["tenantBands"] == {"chat": "interactive", "batch": "batch"}
+    shares = GatewayConfig.model_validate(gateway).shares("assistant")
+    assert shares.path("chat") == ("acme", "acme-support")
+    assert shares.tenant_band("chat") == "interactive"
+
+    broken = [d for d in documents if d["kind"] != "TenantGroup" or d["metadata"]["name"] != "acme"]
+    broken.append({**documents[1], "spec": {"parent": "acme-support"}})  # acme in a cycle
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump_all(broken))
+    assert main(["render", "-f", str(path), "-f", str(keys)]) == 1
+    captured = capsys.readouterr()
+    assert (
+        "TenantGroup acme: spec.parent: the groups acme → acme-support → acme form a cycle"
+        in captured.err
+    )
+    assert "ConfigMap" in captured.out
 
 
 def test_rendering_is_deterministic() -> None:

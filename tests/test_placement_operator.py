@@ -497,9 +497,11 @@ def test_names_of_a_long_pool_stay_valid_and_distinct() -> None:
 @pytest.mark.parametrize("example", ["gpu", "local", "tenants-slo"])
 def test_pools_without_placement_render_byte_for_byte_as_before(example: str) -> None:
     """tests/golden/render-*.yaml was rendered before placement pools existed; since then
-    only the engines' startup and liveness probes, the bounds of /tmp and /dev/shm, and the
-    model sources as URIs (gpu.yaml's now fetched from the Hub into a cache claim) changed
-    (read the diff of a golden file before accepting it)."""
+    only the engines' startup and liveness probes, the bounds of /tmp and /dev/shm, the
+    model sources as URIs (gpu.yaml's now fetched from the Hub into a cache claim), and the
+    scheduler configuration's fair-order tree (the pool's bands; the tenants' groups and
+    bands, tenants-slo.yaml's two organisations) changed (read the diff of a golden file
+    before accepting it)."""
     rendering = render_files([ROOT / "examples" / f"{example}.yaml"], "serving", IMAGES)
     objects = [obj for obj in rendering.objects if obj["kind"] != "Secret"]
     golden = ROOT / "tests" / "golden" / f"render-{example}.yaml"

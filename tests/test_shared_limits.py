@@ -259,9 +259,7 @@ def test_replicas_apply_each_others_charges_and_not_their_own(store):
         }
         for listener in shared.values():
             assert await listener.poll() == 0  # each starts from now
-        settled = SimpleNamespace(
-            pool="chat", worker="http://w0", service=300.0, request=SimpleNamespace(tenant="acme")
-        )
+        settled = SimpleNamespace(pool="chat", worker="http://w0", service=300.0, flow="acme")
         shared["a"].settled(settled)  # type: ignore[arg-type]
         await a.sent()
         assert await shared["b"].poll() == 1 and await shared["a"].poll() == 0

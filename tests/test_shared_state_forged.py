@@ -147,9 +147,7 @@ def test_keys_of_another_type_are_replaced_not_failed_on(store):
 
 
 def settlement(tenant: str, service: float) -> SimpleNamespace:
-    return SimpleNamespace(
-        pool="chat", worker="http://w0", service=service, request=SimpleNamespace(tenant=tenant)
-    )
+    return SimpleNamespace(pool="chat", worker="http://w0", service=service, flow=tenant)
 
 
 def test_charges_no_replica_writes_are_ignored_and_the_next_applied(store):

@@ -98,6 +98,52 @@ def test_demo_dlpm_keeps_locality_that_vtc_loses():
     assert dlpm.jain_index > 0.98
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_demo_priority_bands_cut_the_interactive_tail_under_a_batch_flood(seed):
+    result = demo.run_priority("dlpm", duration=30, seed=seed)
+    assert (result.scenario, result.policy) == ("priority", "dlpm")
+    assert [run.label for run in result.runs] == ["on", "off", "alone"]
+    on, off, alone = result.runs
+    bands = {run.label: {t.tenant: t.band for t in run.tenants} for run in result.runs}
+    assert bands == {
+        "on": {"chat": "interactive", "bulk": "batch"},
+        "off": {"chat": "standard", "bulk": "standard"},
+        "alone": {"chat": "interactive"},
+    }
+    chat = {run.label: run.tenant("chat") for run in result.runs}
+    bulk = {run.label: run.tenant("bulk") for run in result.runs}
+    assert all(tenant is not None for tenant in (*chat.values(), bulk["on"], bulk["off"]))
+    # the same arrivals in every run, far below chat's equal share
+    assert len({tenant.sent for tenant in chat.values()}) == 1
+    assert chat["off"].share < 0.25 and bulk["off"].throughput > 0
+    for run in (on, off, alone):
+        assert len(run.interactive_ttfts) == run.tenant("chat").finished
+    # in virtual time, given the seed: bands put chat's waiting requests first
+    assert alone.tenant("chat").ttft_p99 <= chat["on"].ttft_p99 <= chat["off"].ttft_p99
+    # every sentence comes from the numbers
+    p99 = (chat["off"].ttft_p99, chat["on"].ttft_p99, chat["alone"].ttft_p99)
+    assert result.findings[0] == (
+        f"priority cut chat's TTFT p99 from {demo.milliseconds(p99[0])} to "
+        f"{demo.milliseconds(p99[1])} (alone: {demo.milliseconds(p99[2])})"
+    )
+    assert f"{bulk['on'].throughput:,.0f} tokens/s with priority" in result.findings[-1]
+
+
+def test_demo_priority_findings_follow_the_numbers():
+    def run(label, p99, share=0.1, throughput=100.0):
+        chat = demo.BandTenant("chat", "standard", 10, 10, share, p99, p99, 1.0)
+        bulk = demo.BandTenant("bulk", "standard", 10, 10, 1 - share, 1.0, 2.0, throughput)
+        return demo.PriorityRun(label, [bulk, chat] if label != "alone" else [chat], [])
+
+    same = demo.priority_findings([run("on", 0.5), run("off", 0.5), run("alone", 0.1)])
+    assert same[0] == "priority left chat's TTFT p99 at 500 ms (alone: 100 ms)"
+    worse = demo.priority_findings(
+        [run("on", 2.0, throughput=90.0), run("off", 0.5), run("alone", 0.1)]
+    )
+    assert worse[0] == "priority raised chat's TTFT p99 from 500 ms to 2,000 ms (alone: 100 ms)"
+    assert worse[-1] == "bulk's throughput: 90 tokens/s with priority, 100 without (-10.0%)"
+
+
 def test_jain_index_bounds():
     assert jain_index([1, 1, 1]) == pytest.approx(1)
     assert jain_index([1, 0, 0]) == pytest.approx(1 / 3)

@@ -1,6 +1,6 @@
 """The ASGI middleware `fairpool engine` puts in front of vLLM's OpenAI server: bad
 fairpool xargs refused on every generation and embeddings path, and on embeddings the
-tenant moved into `cache_salt`, where vLLM's scheduler can read it."""
+tenant (and the band it asks) moved into `cache_salt`, where vLLM's scheduler can read it."""
 
 from __future__ import annotations
 
@@ -94,6 +94,24 @@ def test_a_clients_own_salt_is_kept_digested_and_within_vllms_limits():
     assert len(salt) <= 128 and not set("@/\\\0") & set(salt)
     other = {**document, "cache_salt": "d"}
     assert json.loads(call("/v1/embeddings", other)[0].body)["cache_salt"] != salt
+
+
+def test_an_embeddings_band_travels_in_the_cache_salt_with_its_tenant():
+    """The longest tenant name, the longest band and a client's salt still fit; the salt
+    gives back exactly the xargs it carries."""
+    tenant = "t" * 63
+    asked = {"fairpool_tenant": tenant, "fairpool_band": "interactive"}
+    document = {"input": "x", "vllm_xargs": asked, "cache_salt": "c" * 128}
+    app, status, _ = call("/v1/embeddings", document)
+    salt = json.loads(app.body)["cache_salt"]
+    assert status == 200 and pooling_tenant.xargs_in(salt) == asked
+    assert len(salt) <= 128 and not set("@/\\\0") & set(salt)
+    band_only = {"input": "x", "vllm_xargs": {"fairpool_band": "batch"}}
+    salt = json.loads(call("/v1/embeddings", band_only)[0].body)["cache_salt"]
+    assert pooling_tenant.xargs_in(salt) == {"fairpool_tenant": "default", "fairpool_band": "batch"}
+    bad_band = {"input": "x", "vllm_xargs": {"fairpool_tenant": "a", "fairpool_band": "gold"}}
+    _, status, body = call("/v1/embeddings", bad_band)
+    assert status == 400 and body["error"]["param"] == "vllm_xargs.fairpool_band"
 
 
 def test_tenants_with_characters_vllm_refuses_in_salts_are_quoted():

@@ -164,6 +164,81 @@ def test_a_policy_that_shares_memory_chooses_vllms_victim(
     assert engine.finish_reasons == dict.fromkeys(engine.tenants, "length")
 
 
+# ---------------------------------------------------------------------- bands
+
+BANDS = {"fast": "interactive", "bulk": "batch"}
+
+
+def test_a_request_runs_in_its_flow_and_the_higher_band_is_admitted_first(
+    plugin, monkeypatch, tmp_path
+):
+    """bulk (batch) runs; fast (interactive) arrives behind bulk's queue with a request of
+    its own band twice and one it asks to run in batch (`fast@batch`): fast's own go
+    first, its batch job among bulk's."""
+    use_config(monkeypatch, tmp_path / "scheduler.json", policy="vtc", tenantBands=BANDS)
+    engine = FakeEngine(plugin, max_num_seqs=1)
+    for seed in range(3):
+        engine.add("bulk", prompt(seed), max_tokens=8)
+    engine.step()
+    job = engine.add("fast", prompt(10), max_tokens=2, band="batch")
+    own = [engine.add("fast", prompt(11 + seed), max_tokens=2) for seed in range(2)]
+    engine.add("bulk", prompt(20), max_tokens=2, band="interactive")  # not above its own
+    assert engine.scheduler.policy_requests[job].tenant == "fast@batch"
+    engine.run()
+    order = [request_id for request_id, _ in engine.admissions]
+    assert order[1:3] == own
+    assert set(engine.policy.served) == {"bulk", "fast", "fast@batch"}
+    assert engine.served("fast@batch") == 2 * BLOCK + 2 * 2
+
+
+@pytest.mark.parametrize(
+    ("bands", "policy", "victim"),
+    [
+        (BANDS, "fcfs", "bulk"),
+        (BANDS, "vtc", "bulk"),
+        (BANDS, "dlpm", "bulk"),
+        ({}, "fcfs", "fast"),  # vLLM's own: the most recently admitted
+    ],
+)
+def test_victims_come_from_the_lowest_band_running(
+    plugin, monkeypatch, tmp_path, bands, policy, victim
+):
+    """bulk's request runs, then fast's two; when they outgrow the memory, the victim is
+    bulk's (the batch band) whatever the policy, where without bands vLLM would take
+    fast's. The trace names the victim's band and those still running."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("FAIRPOOL_SCHEDULER_TRACE", str(trace))
+    use_config(monkeypatch, tmp_path / "scheduler.json", policy=policy, tenantBands=bands)
+    engine = FakeEngine(plugin, num_gpu_blocks=10, max_num_seqs=3)
+    engine.add("bulk", prompt(0, 40), max_tokens=30)
+    engine.step()
+    for seed in (1, 2):
+        engine.add("fast", prompt(seed, 40), max_tokens=30)
+    while not engine.scheduler.num_preemptions:
+        engine.step()
+    (preempted,) = [r for r in engine.tenants if engine.request(r).num_preemptions]
+    assert engine.tenants[preempted] == victim
+    engine.run()
+    assert engine.finish_reasons == dict.fromkeys(engine.tenants, "length")
+    events = [json.loads(line) for line in trace.read_text().splitlines()]
+    preemptions = [event for event in events if event["event"] == "preempt"]
+    assert preemptions[0]["tenant"] == victim
+    if bands:
+        for event in preemptions:  # never a request of a band while a lower one runs
+            assert event["band"] == "batch" or "batch" not in event["running_bands"], event
+        assert {e["band"] for e in events if e["event"] == "add"} == {"batch", "interactive"}
+
+
+def test_a_pooling_request_runs_in_the_band_its_salt_carries(plugin, monkeypatch, tmp_path):
+    use_config(monkeypatch, tmp_path / "scheduler.json", tenantBands={"acme": "interactive"})
+    engine = FakeEngine(plugin, runner_type="pooling")
+    engine.add(None, prompt(1, 40), pooling=True, cache_salt=salt_for("acme", band="batch"))
+    engine.add(None, prompt(1, 40), pooling=True, cache_salt=salt_for("acme"))
+    engine.run()
+    # The band is part of the salt: the two share no cached prefix.
+    assert engine.served("acme@batch") == 40 and engine.served("acme") == 40
+
+
 def test_a_blocked_request_vllm_skips_is_charged_once_and_keeps_its_place(plugin):
     engine = FakeEngine(plugin, max_num_seqs=4)
     blocked = engine.add(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -236,6 +237,19 @@ def test_lmsys_like_spreads_requests_over_tenants():
     assert set(counts(generate("lmsys_like", 20.0, tenants=3))) == {"u0", "u1", "u2"}
 
 
+@pytest.mark.parametrize("fraction", [0.1, 0.5])
+def test_lmsys_like_hang_ups_leave_the_requests_as_they_were(fraction):
+    """`hang_up`: that fraction of the requests carry a client that leaves after an
+    exponential wait of mean `patience`, streamed; the requests themselves do not change."""
+    plain = generate("lmsys_like", 200.0, seed=5)
+    leaving = generate("lmsys_like", 200.0, seed=5, hang_up=fraction, patience=4.0)
+    assert [replace(r, cancel_after=None) for r in leaving] == plain
+    waits = [r.cancel_after for r in leaving if r.cancel_after is not None]
+    assert len(waits) / len(leaving) == pytest.approx(fraction, abs=0.03)
+    assert statistics.mean(waits) == pytest.approx(4.0, rel=0.15)
+    assert all(r.stream for r in leaving)
+
+
 @pytest.mark.parametrize("fraction", [0.05, 0.5, 0.95])
 def test_slo_tiers_mark_the_paying_fraction_with_tight_tbt(fraction):
     requests = generate("slo_tiers", 2000.0, seed=1, rate=1.5, paying_fraction=fraction)
@@ -262,6 +276,8 @@ def test_slo_tiers_mark_the_paying_fraction_with_tight_tbt(fraction):
         (lambda: generate("dlpm_tree_of_thoughts", 10.0, branching=0), "branching"),
         (lambda: generate("dlpm_client_scaling", 10.0, clients=1.5), "clients"),
         (lambda: generate("lmsys_like", 10.0, rate=0), "rate"),
+        (lambda: generate("lmsys_like", 10.0, hang_up=1.5), "hang_up"),
+        (lambda: generate("lmsys_like", 10.0, patience=0), "patience"),
         (lambda: generate("slo_tiers", 10.0, paying_fraction=1.5), "paying_fraction"),
         (lambda: workloads.vtc_on_off(duration=0), "duration"),
     ],

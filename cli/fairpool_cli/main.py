@@ -19,7 +19,7 @@ from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import POLICIES, policy_names
 from fairpool.sim import demo
 from fairpool.sim.fleet import ClosedLoop
-from fairpool.sim.plots import plot_service_over_time
+from fairpool.sim.plots import plot_priority, plot_service_over_time
 from fairpool_cli.parent import die_with_parent
 from fairpool_engine.sim import options as sim_options
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_demo.add_argument(
         "--scenario",
-        choices=sorted(demo.SCENARIOS),
+        choices=sorted(demo.SCENARIO_NAMES),
         action="append",
         help="scenario to run (repeatable; default: all)",
     )
@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         metavar="NAME",
-        help=f"policy to compare (repeatable; default: {', '.join(demo.DEMO_POLICIES)}; "
-        f"known: {', '.join(policy_names())})",
+        help=f"policy to compare (repeatable; default: {', '.join(demo.DEMO_POLICIES)}, "
+        f"and {demo.PRIORITY_POLICY} for {demo.PRIORITY}; known: {', '.join(policy_names())})",
     )
     run_demo.add_argument(
         "--duration", type=_positive_float, default=60.0, help="virtual seconds (default 60)"
@@ -82,7 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     run_demo.add_argument("--seed", type=int, default=0)
     run_demo.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     run_demo.add_argument(
-        "--plot", metavar="FILE.png", help="also plot cumulative service per tenant over time"
+        "--plot",
+        metavar="FILE.png",
+        help="also plot cumulative service per tenant over time (and, for priority, the "
+        "interactive tenant's TTFT: FILE-priority.png beside other scenarios)",
     )
     run_demo.set_defaults(handler=_demo)
 
@@ -100,10 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--client",
         action="append",
-        metavar="TENANT:STREAMS[:P:Q:O]",
+        metavar="TENANT[@BAND]:STREAMS[:P:Q:O]",
         help="closed-loop clients of a tenant: STREAMS requests always in flight, each a "
-        "shared prefix of P tokens, a question of Q and an answer of O (default 512:32:64); "
-        "repeatable, needs --duration",
+        "shared prefix of P tokens, a question of Q and an answer of O (default 512:32:64), "
+        "in BAND (interactive, standard or batch; default the tenant's, only a lower one "
+        "may be asked); repeatable, needs --duration",
     )
     sim.add_argument(
         "--workload-param",
@@ -417,24 +421,49 @@ def _live_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    scenarios = args.scenario or list(demo.SCENARIOS)
+    scenarios = args.scenario or list(demo.SCENARIO_NAMES)
+    compared = [scenario for scenario in scenarios if scenario != demo.PRIORITY]
     policies = args.policy or list(demo.DEMO_POLICIES)
+    priority_policies = (
+        (args.policy or [demo.PRIORITY_POLICY]) if demo.PRIORITY in scenarios else []
+    )
     console = _wide_console()
-    results = []
+    results: list[demo.RunResult] = []
+    priority: list[demo.PriorityResult] = []
     with Progress(console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("simulating", total=len(scenarios) * len(policies))
-        for scenario in scenarios:
+        runs = len(compared) * len(policies) + 3 * len(priority_policies)
+        task = progress.add_task("simulating", total=runs)
+        for scenario in compared:
             for policy in policies:
                 progress.update(task, description=f"{scenario} · {policy}")
                 results.append(demo.run(scenario, policy, duration=args.duration, seed=args.seed))
                 progress.advance(task)
-    for scenario in scenarios:
+        for policy in priority_policies:
+
+            def started(label: str, policy: str = policy) -> None:
+                if label != "on":  # the previous run is done
+                    progress.advance(task)
+                progress.update(task, description=f"{demo.PRIORITY} · {policy} · {label}")
+
+            priority.append(demo.run_priority(policy, args.duration, args.seed, progress=started))
+            progress.advance(task)
+    for scenario in compared:
         console.print(_table(scenario, [r for r in results if r.scenario == scenario]))
+    for result in priority:
+        console.print(_priority_table(result))
+        for finding in result.findings:
+            console.print(f"{result.policy}: {finding}")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump([asdict(result) for result in results], out, indent=2)
+            records = [asdict(r) for r in results] + [asdict(r) for r in priority]
+            json.dump(records, out, indent=2)
     if args.plot:
-        console.print(f"plot: {plot_service_over_time(results, args.plot)}")
+        plot = Path(args.plot)
+        if results:
+            console.print(f"plot: {plot_service_over_time(results, plot)}")
+            plot = plot.with_name(f"{plot.stem}-priority{plot.suffix}")
+        if priority:
+            console.print(f"plot: {plot_priority(priority, plot)}")
     return 0
 
 
@@ -468,18 +497,21 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _closed_loop(text: str) -> ClosedLoop:
-    """A `--client TENANT:STREAMS[:P:Q:O]` value."""
+    """A `--client TENANT[@BAND]:STREAMS[:P:Q:O]` value (the band written as the flow's
+    name is, `tenant@band`)."""
     parts = text.split(":")
     shapes = (2, 5)
     if len(parts) not in shapes or not parts[0] or not all(p.isdigit() for p in parts[1:]):
         raise ConfigError(
             "--client",
-            f"{text!r}: expected TENANT:STREAMS or TENANT:STREAMS:P:Q:O (prefix, question and "
-            "output tokens)",
+            f"{text!r}: expected TENANT[@BAND]:STREAMS or TENANT[@BAND]:STREAMS:P:Q:O "
+            "(prefix, question and output tokens)",
         )
-    numbers = [int(part) for part in parts[1:]] + [512, 32, 64][len(parts) - 2 :]
+    tenant, _, band = parts[0].partition("@")
+    defaults = [512, 32, 64][len(parts) - 2 :]
+    streams, prefix, question, output = [int(part) for part in parts[1:]] + defaults
     try:
-        return ClosedLoop(parts[0], *numbers)
+        return ClosedLoop(tenant, streams, prefix, question, output, band=band or None)
     except ConfigError as error:
         raise ConfigError("--client", f"{text!r}: {error.parameter} {error.problem}") from None
 
@@ -624,6 +656,32 @@ def _table(scenario: str, results: list[demo.RunResult]) -> Table:
                 f"{result.cache_hit_rate:.0%}" if first else "",
                 f"{result.throughput:,.0f}" if first else "",
                 end_section=index == len(result.tenants) - 1,
+            )
+    return table
+
+
+def _priority_table(result: demo.PriorityResult) -> Table:
+    title = f"{demo.PRIORITY} · {result.policy}: {demo.SCENARIO_TITLES[demo.PRIORITY]}"
+    table = Table(title=title, title_justify="left")
+    for column in ("priority", "tenant", "band", "sent", "done", "share"):
+        table.add_column(
+            column, justify="left" if column in ("priority", "tenant", "band") else "right"
+        )
+    for column in ("TTFT p50", "TTFT p99", "tok/s"):
+        table.add_column(column, justify="right")
+    for run in result.runs:
+        for index, tenant in enumerate(run.tenants):
+            table.add_row(
+                run.label if index == 0 else "",
+                tenant.tenant,
+                tenant.band,
+                str(tenant.sent),
+                str(tenant.finished),
+                f"{tenant.share:.0%}",
+                demo.milliseconds(tenant.ttft_p50),
+                demo.milliseconds(tenant.ttft_p99),
+                f"{tenant.throughput:,.0f}",
+                end_section=index == len(run.tenants) - 1,
             )
     return table
 

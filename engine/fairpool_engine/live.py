@@ -4,8 +4,9 @@ The operator mounts the file from a ConfigMap; Kubernetes swaps the file atomica
 the ConfigMap changes, so a changed (inode, size, mtime) is a new version (`fairpool.files`).
 A version that fails to validate is logged and ignored: the engine keeps the last good
 configuration.
-A change of tenant weights keeps the policy's state; any other change builds the new
-policy and hands it the waiting and running requests (`LocalPolicy.take_over`). A policy
+A change of tenant weights, groups or bands keeps the policy's state (the fair tree takes
+the new shape, its counters kept); any other change builds the new policy and hands it the
+waiting and running requests (`LocalPolicy.take_over`). A policy
 given on the command line (`policy_override`) replaces the file's in every version.
 
 An engine that lets a policy order its waiting queue and nothing else (`queue_only`:
@@ -25,6 +26,7 @@ from fairpool.api.scheduler_config import (
     CONFIG_ENV,
     POLICY_ENV,
     SchedulerConfig,
+    flow_of,
     load_scheduler_config,
     parse_scheduler_config,
 )
@@ -71,6 +73,12 @@ class LiveScheduler:
             policy_override=os.environ.get(POLICY_ENV) or None,
             queue_only=queue_only,
         )
+
+    def flow_of(self, extra_args: object) -> str:
+        """The flow a request with these `vllm_xargs` runs in (its tenant, or
+        `tenant@band` below the tenant's band), under the bands in force: what both
+        engines queue a request as."""
+        return flow_of(extra_args, self.policy.weights)
 
     def maybe_reload(self) -> bool:
         """Re-read the file if it changed; True when a new configuration took effect."""

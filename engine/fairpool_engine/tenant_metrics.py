@@ -1,14 +1,19 @@
 """Per-tenant Prometheus metrics from inside an engine.
 
-Names (all labelled by `tenant`):
+Names (all labelled by `tenant`; those of a flow — a tenant in one band — by `band` too):
 
-| metric | type | meaning |
-|---|---|---|
-| `fairpool_engine_tenant_service_total` | counter | service charged (cost model units) |
-| `fairpool_engine_tenant_requests_waiting` | gauge | requests in the fair queue |
-| `fairpool_engine_tenant_requests_running` | gauge | requests being served |
-| `fairpool_engine_tenant_scheduler_state` | gauge | VTC's counter, DLPM's deficit |
-| `fairpool_engine_tenant_weight` | gauge | the tenant's weight in the current configuration |
+| metric | labels | type | meaning |
+|---|---|---|---|
+| `fairpool_engine_tenant_service_total` | tenant, band | counter | service charged |
+| `fairpool_engine_tenant_requests_waiting` | tenant, band | gauge | requests in the fair queue |
+| `fairpool_engine_tenant_requests_running` | tenant, band | gauge | requests being served |
+| `fairpool_engine_tenant_scheduler_state` | tenant, band | gauge | VTC's counter, DLPM's deficit |
+| `fairpool_engine_tenant_weight` | tenant | gauge | the tenant's weight now |
+
+A tenant's requests run in its band (`tenantBands`, `standard` unless named) or in a lower
+one they ask (`fairpool_band`): each band is a series of its own, so `sum by (tenant)`
+gives what the metric gave before bands. A flow whose band changes with the configuration
+moves to the new series; the old one's gauges stay at 0, as a tenant's do once it is idle.
 
 plus `fairpool_engine_config_reloads_total{result="applied"|"rejected"}`,
 `fairpool_engine_scheduler_info{policy}`, and, for policies that have them,
@@ -29,10 +34,16 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from fairpool.sched.cost import tenant_of
+from fairpool.sched.policy import LocalPolicy
 from fairpool_engine.live import LiveScheduler
 
 #: Seconds between two exports while busy; engines export at once when they go idle.
 EXPORT_INTERVAL = 0.25
+
+
+#: A flow's labels: (tenant, band).
+Labels = tuple[str, str]
 
 
 class TenantMetrics:
@@ -43,28 +54,29 @@ class TenantMetrics:
     ) -> None:
         options = {"registry": registry} if registry is not None else {}
         gauge = {"multiprocess_mode": "mostrecent", **options}
+        per_flow = ["tenant", "band"]
         self.service = Counter(
             "fairpool_engine_tenant_service",
             "Service charged to the tenant (w_e·uncached prompt + w_q·output tokens)",
-            ["tenant"],
+            per_flow,
             **options,  # type: ignore[arg-type]
         )
         self.waiting = Gauge(
             "fairpool_engine_tenant_requests_waiting",
             "Requests of the tenant waiting in the fair queue",
-            ["tenant"],
+            per_flow,
             **gauge,  # type: ignore[arg-type]
         )
         self.running = Gauge(
             "fairpool_engine_tenant_requests_running",
             "Requests of the tenant being served",
-            ["tenant"],
+            per_flow,
             **gauge,  # type: ignore[arg-type]
         )
         self.state = Gauge(
             "fairpool_engine_tenant_scheduler_state",
             "The policy's per-tenant state (VTC counter, DLPM deficit)",
-            ["tenant"],
+            per_flow,
             **gauge,  # type: ignore[arg-type]
         )
         self.weight = Gauge(
@@ -99,9 +111,10 @@ class TenantMetrics:
         )
         self._clock = clock
         self._exported_at = float("-inf")
-        self._service: dict[str, float] = {}
+        self._service: dict[str, float] = {}  # by flow
         self._reloads = {"applied": 0, "rejected": 0}
-        self._tenants: set[str] = set()
+        self._flows: set[str] = set()
+        self._series: set[Labels] = set()  # every (tenant, band) a gauge was set for
         self._policy_name: str | None = None
         self._by_policy: list[Gauge] = []  # metrics set for the policy `_policy_name`
 
@@ -113,22 +126,47 @@ class TenantMetrics:
             return
         self._exported_at = now
         policy = live.policy
-        for tenant, served in policy.served.items():
-            delta = served - self._service.get(tenant, 0.0)
+        bands = policy.weights.band_of
+        for flow, served in policy.served.items():
+            delta = served - self._service.get(flow, 0.0)
             if delta > 0:
-                self.service.labels(tenant).inc(delta)
-                self._service[tenant] = served
-        state = policy.tenant_state()
-        self._tenants.update(policy.served, state, policy.active_tenants())
-        for tenant in self._tenants:
-            self.waiting.labels(tenant).set(policy.tenant_waiting(tenant))
-            self.running.labels(tenant).set(policy.tenant_running(tenant))
-            self.state.labels(tenant).set(state.get(tenant, 0.0))
-            self.weight.labels(tenant).set(policy.weights[tenant])
+                self.service.labels(tenant_of(flow), bands(flow)).inc(delta)
+                self._service[flow] = served
+        self._export_flows(policy)
         for result, count in live.reloads.items():
             if count > self._reloads[result]:
                 self.reloads.labels(result).inc(count - self._reloads[result])
                 self._reloads[result] = count
+        self._export_policy(live, memory_tokens)
+
+    def _export_flows(self, policy: LocalPolicy) -> None:
+        """The gauges of every flow seen so far, and every tenant's weight. Flows that
+        fall under the same labels (a tenant's band changed while it had requests) add
+        up; the scheduler state shown is the larger."""
+        state = policy.tenant_state()
+        self._flows.update(policy.served, state, policy.active_tenants())
+        bands = policy.weights.band_of
+        values: dict[Labels, tuple[int, int, float]] = {}
+        for flow in self._flows:
+            labels = (tenant_of(flow), bands(flow))
+            waiting, running, value = policy.tenant_waiting(flow), policy.tenant_running(flow), 0.0
+            if labels in values:
+                earlier = values[labels]
+                waiting, running = waiting + earlier[0], running + earlier[1]
+                value = earlier[2]
+            values[labels] = (waiting, running, max(value, state.get(flow, 0.0)))
+        self._series.update(values)
+        for labels in self._series:
+            waiting, running, value = values.get(labels, (0, 0, 0.0))
+            self.waiting.labels(*labels).set(waiting)
+            self.running.labels(*labels).set(running)
+            self.state.labels(*labels).set(value)
+        for tenant in {tenant for tenant, _ in self._series}:
+            self.weight.labels(tenant).set(policy.weights[tenant])
+
+    def _export_policy(self, live: LiveScheduler, memory_tokens: int) -> None:
+        """The policy running, and its quantum and bound where it has them."""
+        policy = live.policy
         name = live.config.policy_name
         if name != self._policy_name:
             if self._policy_name is not None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 API_GROUP = "fairpool.io"
 API_VERSION = "fairpool.io/v1alpha1"
@@ -21,6 +22,18 @@ def cel_rules(*rules: tuple[str, str]) -> dict[str, Any]:
     return {
         "x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]
     }
+
+
+def field_error(
+    model: str, loc: tuple[str | int, ...], value: object, message: str
+) -> ValidationError:
+    """A validation error of `model` at `loc` (relative to the model being validated), for
+    checks that span fields: pydantic puts the model's own place in front, so the error
+    names the field itself (`admin.port`, `tenants.1.apiKeySha256`)."""
+    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    return ValidationError.from_exception_data(
+        model, [InitErrorDetails(type=error, loc=loc, input=value)]
+    )
 
 
 class Spec(BaseModel):

@@ -1,7 +1,8 @@
 """The CustomResourceDefinitions of fairpool.io, generated from the API models.
 
-`python -m fairpool.api.crds` writes `crds/inferencepools.fairpool.io.yaml` and
-`crds/tenantquotas.fairpool.io.yaml`; `--check` only compares and fails when they are stale
+`python -m fairpool.api.crds` writes `crds/inferencepools.fairpool.io.yaml`,
+`crds/tenantquotas.fairpool.io.yaml` and `crds/tenantgroups.fairpool.io.yaml`; `--check`
+only compares and fails when they are stale
 (`make crds` regenerates them). The pydantic models in `fairpool.api` are the one source of
 truth: this module turns their JSON schema (by alias, validation mode) into the *structural*
 OpenAPI v3 schema Kubernetes (apiextensions.k8s.io/v1) wants:
@@ -28,7 +29,8 @@ The API server checks, with the CEL rules (Kubernetes 1.25+): `model.source` for
 `vllm`; `model.secretRef` only with hf, s3 and gs sources; `model.cache.storageClassName`
 only with `volume: pvc`; with `placement`, `model.maxModelLen` and routing by jffc (or
 unset); exactly one of `placement.nodeGroups` and `placement.discovery`; a speed for every
-GPU profile (`layerSeconds`, or `tflops` and `memoryBandwidthGBps`). tests/test_crds.py
+GPU profile (`layerSeconds`, or `tflops` and `memoryBandwidthGBps`); the minimum shares of
+`scheduler.bands` adding up to below 1; a TenantGroup that is not its own parent. tests/test_crds.py
 evaluates every rule (cel-python) on the same random documents as the models, so the two
 agree. What no schema can check, the operator does (with the same models; so does
 `fairpool up`), and reports as a status condition naming the field:
@@ -39,8 +41,11 @@ agree. What no schema can check, the operator does (with the same models; so doe
   engine at start; `engine.resources` quantities and `engine.tolerations` are checked by the
   API server when the operator creates the Deployment.
 - TenantQuota: `tenant` defaults to `metadata.name`; tenant ids are unique across
-  TenantQuotas; `pools` name existing InferencePools; the `apiKeySecretRef` Secret (and
-  its key) exists and holds a key (condition SecretMissing).
+  TenantQuotas; `pools` name existing InferencePools; `group` names an existing
+  TenantGroup; the `apiKeySecretRef` Secret (and its key) exists and holds a key
+  (condition SecretMissing).
+- TenantGroup: `parent` names an existing TenantGroup, and following parents never leads
+  back to the group (a cycle).
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fairpool.api.common import API_GROUP, API_VERSION
+from fairpool.api.common import API_GROUP, API_VERSION, cel_rules
 from fairpool.api.inference_pool import InferencePool, PoolScheduler, RoutingSpec
+from fairpool.api.tenant_group import OWN_PARENT_RULE, TenantGroup
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.sched.registry import MEMORY_SAFE_SUFFIX, POLICIES, ROUTERS
 
@@ -117,6 +123,8 @@ class Resource:
     columns: tuple[Schema, ...]
     #: The scale subresource (`kubectl scale`, HorizontalPodAutoscalers, KEDA), if any.
     scale: Schema | None = None
+    #: CEL rules on the whole object (`(rule, message)`): those that read `metadata.name`.
+    rules: tuple[tuple[str, str], ...] = ()
 
 
 def column(name: str, kind: str, path: str, description: str, priority: int = 0) -> Schema:
@@ -178,9 +186,35 @@ RESOURCES = (
             column("Pools", "string", ".spec.pools", "Pools allowed; empty: every pool."),
             column("Served Tokens", "integer", ".status.servedTokens", "Tokens served."),
             column("Tenant", "string", ".spec.tenant", "Tenant id if not the name.", priority=1),
-            column("Class", "string", ".spec.slo.class", "SLO class.", priority=1),
+            column("Class", "string", ".spec.slo.class", "SLO class: the band.", priority=1),
+            column("Group", "string", ".spec.group", "TenantGroup it belongs to.", priority=1),
             AGE,
         ),
+    ),
+    Resource(
+        model=TenantGroup,
+        plural="tenantgroups",
+        short_names=("tg",),
+        description="A group of fairpool tenants (an organisation, a team): a node of the "
+        "fair order's tree, sharing its weight among the groups and tenants under it.",
+        spec_description="The group's share of service among its siblings, and its parent.",
+        status_description="Whether the group is in the tree, what is under it, and what "
+        "the gateway last reported of its service.",
+        columns=(
+            column(
+                "Ready",
+                "string",
+                '.status.conditions[?(@.type=="Ready")].status',
+                "In the fair order's tree as its spec says.",
+            ),
+            column("Weight", "number", ".spec.weight", "Share among its siblings."),
+            column("Parent", "string", ".spec.parent", "Group it is part of."),
+            column("Tenants", "string", ".status.members.tenants", "Tenants directly under it."),
+            column("Groups", "string", ".status.members.groups", "Groups directly under it."),
+            column("Description", "string", ".spec.description", "What it is.", priority=1),
+            AGE,
+        ),
+        rules=(OWN_PARENT_RULE,),
     ),
 )
 
@@ -410,6 +444,13 @@ def openapi_schema(resource: Resource) -> Schema:
     }
     if not schema["required"]:
         del schema["required"]
+    if resource.rules:
+        schema = {
+            "description": schema.pop("description"),
+            "type": schema.pop("type"),
+            **cel_rules(*resource.rules),
+            **schema,
+        }
     return schema
 
 
@@ -451,10 +492,22 @@ def crd(resource: Resource) -> Schema:
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes a value used twice (a model inlined twice) twice, never as a YAML alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def render(document: Schema) -> str:
     """One CRD as YAML, with the generated-file header."""
-    text = yaml.safe_dump(
-        document, sort_keys=False, allow_unicode=True, width=100, default_flow_style=False
+    text = yaml.dump(
+        document,
+        Dumper=_Dumper,
+        sort_keys=False,
+        allow_unicode=True,
+        width=100,
+        default_flow_style=False,
     )
     return HEADER + text
 

@@ -11,11 +11,17 @@ pools:
   - name: chat
     model: llama-3-8b                       # served model name clients ask for
     routing: {policy: d2lpm}                # workerQuantum: auto
+    bands: {standard: {minShare: 0.1}, batch: {minShare: 0.05}}
     workers: {urls: [http://10.0.0.5:8000, http://10.0.0.6:8000]}
+groups:                                     # the fair order's tree (TenantGroups)
+  acme: {weight: 3}
+  acme-support: {weight: 2, parent: acme}
 tenants:
-  - tenant: acme
+  - tenant: acme-chat
     weight: 2
+    group: acme-support                     # default: directly under its band
     pools: [chat]
+    slo: {class: interactive}               # the band
     apiKeySha256: [9f86d081884c7d65...]     # SHA-256 of each key, hex; never the key
     limits: {requestsPerMinute: 600, concurrent: 32}
 ```
@@ -30,13 +36,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import Field, field_validator, model_validator
 
-from fairpool.api.common import DNS_LABEL, Spec
-from fairpool.api.inference_pool import InferencePool, RoutingSpec
+from fairpool.api.common import DNS_LABEL, Spec, field_error
+from fairpool.api.inference_pool import InferencePool, PoolBands, RoutingSpec
 from fairpool.api.manifests import Manifests
 from fairpool.api.scheduler_config import CostWeights
+from fairpool.api.shares import GroupShare
+from fairpool.api.tenant_group import TenantPlace, fair_order, group_problems, group_shares
 from fairpool.api.tenant_quota import (
     SecretKeyRef,
     ServiceLevel,
@@ -47,6 +54,7 @@ from fairpool.api.tenant_quota import (
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import weighs_tenants
+from fairpool.sched.tree import Shares
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -54,18 +62,6 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 def key_digest(key: str) -> str:
     """What the gateway stores of an API key: its SHA-256, hex."""
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-def field_error(
-    model: str, loc: tuple[str | int, ...], value: object, message: str
-) -> ValidationError:
-    """A validation error of `model` at `loc` (relative to the model being validated), for
-    checks that span fields: pydantic puts the model's own place in front, so the error
-    names the field itself (`admin.port`, `tenants.1.apiKeySha256`)."""
-    error = PydanticCustomError("value_error", "{message}", {"message": message})
-    return ValidationError.from_exception_data(
-        model, [InitErrorDetails(type=error, loc=loc, input=value)]
-    )
 
 
 def is_loopback(host: str) -> bool:
@@ -179,6 +175,9 @@ class GatewayPool(Spec):
     model: str = Field(min_length=1, description="Served model name that selects this pool.")
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Worker choice.")
     cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
+    bands: PoolBands = Field(
+        default_factory=PoolBands, description="The lower bands' minimum shares."
+    )
     workers: WorkerSource = Field(description="Where the pool's workers are.")
     chains: list[ChainWorker] = Field(
         default_factory=list,
@@ -218,7 +217,15 @@ class GatewayTenant(Spec):
         description="Tenant id, as a TenantQuota's spec.tenant: it is part of the shared "
         "state's Redis keys, which a `{`, `}` or `:` in it would change."
     )
-    weight: float = Field(default=1.0, gt=0, description="Share of service.")
+    weight: float = Field(default=1.0, gt=0, description="Share of service among its siblings.")
+    group: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description="The group (of `groups`) the tenant belongs to; unset: directly under "
+        "its band (its slo.class).",
+    )
     pools: list[str] = Field(default_factory=list, description="Pools allowed; empty: all.")
     api_key_sha256: list[str] = Field(
         default_factory=list, alias="apiKeySha256", description="SHA-256 (hex) of each API key."
@@ -241,6 +248,10 @@ class GatewayTenant(Spec):
 
     def may_use(self, pool: str) -> bool:
         return not self.pools or pool in self.pools
+
+    def place(self) -> TenantPlace:
+        """Where the tenant is in the fair order's tree."""
+        return TenantPlace(self.tenant, self.weight, self.group, self.slo.slo_class)
 
 
 class Timeouts(Spec):
@@ -286,11 +297,13 @@ class ClientLimits(Spec):
         "it opens, or after its previous answer); then it is reset.",
     )
     keep_alive_timeout: float = Field(
-        default=5.0,
+        default=30.0,
         gt=0,
         alias="keepAliveTimeout",
         description="Seconds a kept-alive connection may stay silent between two requests; "
-        "then it is reset.",
+        "then it is reset. Longer than clients keep idle pooled connections (httpx and the "
+        "OpenAI SDK 5 s, aiohttp 15 s), so that a client drops one before the gateway does "
+        "and never sends a request on a connection being reset.",
     )
     max_connections: int = Field(
         default=4096,
@@ -519,6 +532,10 @@ class GatewayConfig(Spec):
         description="Tenant state shared by the gateway's replicas (unset: this gateway's own).",
     )
     pools: list[GatewayPool] = Field(default_factory=list, description="Pools served.")
+    groups: dict[str, GroupShare] = Field(
+        default_factory=dict,
+        description="The groups of the fair order's tree (TenantGroups), by name.",
+    )
     tenants: list[GatewayTenant] = Field(default_factory=list, description="Tenant table.")
 
     @model_validator(mode="after")
@@ -549,6 +566,7 @@ class GatewayConfig(Spec):
                         f"the key with digest {digest[:12]}… is listed under tenants "
                         f"{owner!r} and {tenant.tenant!r}: a key must name one tenant",
                     )
+        self._check_tree()
         if self.admin.port == self.listen.port != 0:
             raise field_error(
                 "GatewayConfig",
@@ -559,8 +577,37 @@ class GatewayConfig(Spec):
             )
         return self
 
+    def _check_tree(self) -> None:
+        """Every group's parent and every tenant's group is a group, and no group is its own
+        ancestor: the tree of every pool is one."""
+        problems = group_problems(self.groups)
+        if problems:
+            name = min(problems)
+            parent = self.groups[name].parent
+            raise field_error(
+                "GatewayConfig", ("groups", name, "parent"), parent, problems[name][1]
+            )
+        for index, tenant in enumerate(self.tenants):
+            if tenant.group is not None and tenant.group not in self.groups:
+                raise field_error(
+                    "GatewayConfig",
+                    ("tenants", index, "group"),
+                    tenant.group,
+                    f"no group {tenant.group!r}",
+                )
+
     def pool_for_model(self, model: str) -> GatewayPool | None:
         return next((pool for pool in self.pools if pool.model == model), None)
+
+    def shares(self, pool_name: str) -> Shares:
+        """The fair order's tree of one pool: the tenants allowed in it, under their groups
+        and in their bands, with the pool's bands' minimum shares (`fair_order`, as the
+        engines' scheduler configuration has it)."""
+        pool = next((pool for pool in self.pools if pool.name == pool_name), None)
+        if pool is None:
+            raise ConfigError("pool", f"no pool named {pool_name!r}")
+        places = [tenant.place() for tenant in self.tenants if tenant.may_use(pool_name)]
+        return fair_order(places, self.groups, pool.bands.by_band()).shares()
 
 
 def load_gateway_config(path: str | Path, option: str = "--config") -> GatewayConfig:
@@ -591,7 +638,8 @@ def gateway_config_from_manifests(
         tenants.append(
             gateway_tenant(quota, api_keys(manifests, quota.spec.api_key_secret_ref, where))
         )
-    document = {"pools": pools, "tenants": tenants, **settings}
+    groups = group_shares(manifests.groups)
+    document = {"pools": pools, "groups": groups, "tenants": tenants, **settings}
     return validate(GatewayConfig, document, "gateway configuration")
 
 
@@ -610,6 +658,7 @@ def gateway_pool(
         model=pool.spec.model.name,
         routing=pool.spec.routing,
         cost=pool.spec.scheduler.cost,
+        bands=pool.spec.scheduler.bands,
         workers=source,
         chains=chains or [],
         maxModelLen=pool.spec.model.max_model_len,
@@ -620,11 +669,13 @@ def gateway_pool(
 def gateway_tenant(
     quota: TenantQuota, keys: list[str], pools: list[str] | None = None
 ) -> GatewayTenant:
-    """The gateway's entry for a tenant: weight, pools (`pools` replaces the quota's list),
-    limits, SLO and the digests of its API keys (never the keys)."""
+    """The gateway's entry for a tenant: weight, group, pools (`pools` replaces the quota's
+    list), limits, SLO (its class the band) and the digests of its API keys (never the
+    keys)."""
     return GatewayTenant(
         tenant=quota.tenant,
         weight=quota.spec.weight,
+        group=quota.spec.group,
         pools=quota.spec.pools if pools is None else pools,
         apiKeySha256=sorted({key_digest(key) for key in keys}),
         limits=quota.spec.limits,

@@ -9,7 +9,9 @@ spec:
   model: {name: llama-3-8b, source: hf://meta-llama/Llama-3.1-8B-Instruct, maxModelLen: 8192}
   engine: {kind: vllm, resources: {gpus: 1}}     # or kind: sim (fairpool engine-sim)
   replicas: 2
-  scheduler: {policy: dlpm}                       # inside each engine (quantum: auto)
+  scheduler:                                      # inside each engine (quantum: auto)
+    policy: dlpm
+    bands: {standard: {minShare: 0.1}, batch: {minShare: 0.05}}   # the defaults
   routing: {policy: d2lpm}                        # across the replicas, at the gateway
 ```
 """
@@ -34,8 +36,10 @@ from fairpool.api.common import DNS_SUBDOMAIN, Metadata, Spec, cel_rules
 from fairpool.api.model_source import ModelUri, parse_model_uri
 from fairpool.api.placement import PlacementSpec
 from fairpool.api.scheduler_config import CostWeights, known_policy
+from fairpool.api.shares import Band, BandShare
 from fairpool.api.status import InferencePoolStatus
 from fairpool.sched.registry import ROUTERS, mixes_phases
+from fairpool.sched.tree import DEFAULT_MIN_SHARES
 
 EngineKind = Literal["vllm", "sim"]
 
@@ -326,6 +330,43 @@ def _template_shape(template: dict[str, Any]) -> dict[str, Any]:
     return template
 
 
+def _min_share(band: str) -> BandShare:
+    return BandShare(minShare=DEFAULT_MIN_SHARES[band])
+
+
+class PoolBands(Spec):
+    """A tenant's band is its TenantQuota's spec.slo.class; interactive has no minimum."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            ("double(self.standard.minShare) + double(self.batch.minShare) < 1.0",
+             "the minimum shares of standard and batch must add up to below 1"),
+        )
+    )  # fmt: skip
+
+    standard: BandShare = Field(
+        default_factory=lambda: _min_share("standard"),
+        description="The standard band's minimum share.",
+    )
+    batch: BandShare = Field(
+        default_factory=lambda: _min_share("batch"), description="The batch band's minimum share."
+    )
+
+    @model_validator(mode="after")
+    def _below_one(self) -> PoolBands:
+        total = self.standard.min_share + self.batch.min_share
+        if total >= 1:
+            raise ValueError(
+                f"the minimum shares of standard and batch must add up to below 1, got "
+                f"{self.standard.min_share} + {self.batch.min_share}"
+            )
+        return self
+
+    def by_band(self) -> dict[Band, BandShare]:
+        """The bands' minimum shares as the scheduler and gateway configurations map them."""
+        return {"standard": self.standard, "batch": self.batch}
+
+
 class PoolScheduler(Spec):
     """The fair scheduler inside every engine of the pool."""
 
@@ -348,6 +389,12 @@ class PoolScheduler(Spec):
         "weighted share of the cache (unset: on for vtc and dlpm, off for the others).",
     )
     cost: CostWeights = Field(default_factory=CostWeights, description="Service cost weights.")
+    bands: PoolBands = Field(
+        default_factory=PoolBands,
+        description="Priority bands: while requests of more than one band wait, the highest "
+        "band goes first, but each lower band with requests waiting is served at least its "
+        "minShare of the service.",
+    )
 
     _known_policy = field_validator("policy")(lambda cls, name: known_policy(name))
 

@@ -1,8 +1,10 @@
-"""Reading the manifests users `kubectl apply`: InferencePools, TenantQuotas and the
-Secrets holding API keys, from multi-document YAML files.
+"""Reading the manifests users `kubectl apply`: InferencePools, TenantQuotas, TenantGroups
+and the Secrets holding API keys, from multi-document YAML files.
 
 Every error names the file, the document and the field: `local.yaml, document 2:
-spec.weight: Input should be greater than 0`. Documents of other kinds are skipped. A
+spec.weight: Input should be greater than 0`; so does a tenant's group or a group's parent
+that none of the files defines, or groups that form a cycle (`tenants.yaml, document 3:
+spec.group: no TenantGroup named 'acme'`). Documents of other kinds are skipped. A
 resource is read as the API server would store it (`fairpool.api.stored`: the CRD's
 defaults filled in), so `fairpool up`, `plan` and `render` see what the operator will.
 """
@@ -21,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fairpool.api.common import Metadata
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.stored import pruned_fields, stored
+from fairpool.api.tenant_group import TenantGroup, group_problems, group_shares
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.api.validation import validate
 from fairpool.sched.errors import ConfigError
@@ -54,6 +57,7 @@ class Manifests:
     pools: list[InferencePool] = field(default_factory=list)
     quotas: list[TenantQuota] = field(default_factory=list)
     secrets: dict[str, Secret] = field(default_factory=dict)
+    groups: list[TenantGroup] = field(default_factory=list)
 
     def pool(self, name: str) -> InferencePool | None:
         return next((pool for pool in self.pools if pool.name == name), None)
@@ -62,6 +66,7 @@ class Manifests:
 KINDS: dict[str, type[BaseModel]] = {
     "InferencePool": InferencePool,
     "TenantQuota": TenantQuota,
+    "TenantGroup": TenantGroup,
     "Secret": Secret,
 }
 
@@ -91,14 +96,28 @@ def load_manifests(*paths: str | Path, option: str = "-f") -> Manifests:
                 manifests.pools.append(resource)
             elif kind == "TenantQuota":
                 manifests.quotas.append(resource)
+            elif kind == "TenantGroup":
+                manifests.groups.append(resource)
             else:
                 manifests.secrets[name] = resource
+    check_groups(manifests, seen)
     return manifests
 
 
-def load_tenant_quotas(path: str | Path, option: str = "--tenants") -> list[TenantQuota]:
-    """Every TenantQuota in a (multi-document) YAML file."""
-    return load_manifests(path, option=option).quotas
+def check_groups(manifests: Manifests, where: dict[tuple[str, str], str]) -> None:
+    """Every tenant's group and every group's parent is a TenantGroup of the manifests, and
+    no group is its own ancestor; else a ConfigError naming the document and field."""
+    groups = group_shares(manifests.groups)
+    problems = group_problems(groups, "TenantGroup named")
+    if problems:
+        name = min(problems)
+        raise ConfigError(f"{where['TenantGroup', name]}: spec.parent", problems[name][1])
+    for quota in manifests.quotas:
+        if quota.spec.group is not None and quota.spec.group not in groups:
+            raise ConfigError(
+                f"{where['TenantQuota', quota.tenant]}: spec.group",
+                f"no TenantGroup named {quota.spec.group!r}",
+            )
 
 
 def read_documents(source: Path, option: str = "-f") -> list[tuple[str, dict[str, Any]]]:

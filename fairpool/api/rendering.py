@@ -5,10 +5,12 @@ same configuration and the same engine command lines."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.scheduler_config import SchedulerConfig
+from fairpool.api.shares import GroupShare
+from fairpool.api.tenant_group import fair_order
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.sched.errors import ConfigError
 
@@ -16,25 +18,45 @@ from fairpool.sched.errors import ConfigError
 TENSOR_PARALLEL_OPTIONS = ("--tensor-parallel-size", "-tp")
 
 
-def scheduler_config(pool: InferencePool, quotas: Iterable[TenantQuota]) -> SchedulerConfig:
-    """The engines' scheduler configuration: the pool's policy and the weights of every
-    tenant that may use the pool (others get the default weight, 1)."""
+def scheduler_config(
+    pool: InferencePool,
+    quotas: Iterable[TenantQuota],
+    groups: Mapping[str, GroupShare] | None = None,
+) -> SchedulerConfig:
+    """The engines' scheduler configuration: the pool's policy and the fair order's tree of
+    every tenant that may use the pool (`fair_order`: their weights, the groups on their
+    paths, their bands) with the pool's bands; others get the default weight, 1, in the
+    standard band."""
     spec = pool.spec.scheduler
+    allowed = [quota.place() for quota in quotas if quota.spec.may_use(pool.name)]
+    order = fair_order(allowed, groups or {}, spec.bands.by_band())
     return SchedulerConfig(
         policy=spec.policy,
         memorySafe=spec.memory_safe,
         quantum=spec.quantum,
         shareMemory=spec.share_memory,
         cost=spec.cost,
-        tenants={
-            quota.tenant: quota.spec.weight for quota in quotas if quota.spec.may_use(pool.name)
-        },
+        tenants=order.weights,
+        groups=order.groups,
+        tenantGroups=order.tenant_groups,
+        tenantBands=order.tenant_bands,
+        bands=order.bands,
     )
 
 
+#: Fields of the scheduler configuration left out of the file while empty (no groups, every
+#: tenant in the standard band): a pool without a tree renders as before it had one.
+OMITTED_WHEN_EMPTY = ("groups", "tenantGroups", "tenantBands")
+
+
 def scheduler_config_document(config: SchedulerConfig) -> dict[str, object]:
-    """The file's content, in its YAML spelling (camelCase, defaults left out)."""
-    return config.model_dump(by_alias=True, exclude_none=True)
+    """The file's content, in its YAML spelling (camelCase, unset fields left out)."""
+    document = config.model_dump(by_alias=True, exclude_none=True)
+    return {
+        key: value
+        for key, value in document.items()
+        if not (key in OMITTED_WHEN_EMPTY and not value)
+    }
 
 
 def engine_arguments(

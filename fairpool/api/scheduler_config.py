@@ -9,11 +9,17 @@ shareMemory: true       # share KV memory by weight under pressure (unset: on fo
 cost: {extendWeight: 1, outputWeight: 2}
 defaultWeight: 1        # tenants not listed below
 tenants: {acme: 2, globex: 1}
+groups: {org-a: {weight: 1}, team-1: {weight: 2, parent: org-a}}   # the fair order's tree
+tenantGroups: {acme: team-1}
+tenantBands: {acme: interactive}          # standard unless named
+bands: {standard: {minShare: 0.1}, batch: {minShare: 0.05}}
 ```
 
 Every field is optional. Requests carry their tenant in the OpenAI request body as
 `"vllm_xargs": {"fairpool_tenant": "acme"}` (vLLM copies `vllm_xargs` into
-`SamplingParams.extra_args`); requests without it belong to the tenant `default`.
+`SamplingParams.extra_args`); requests without it belong to the tenant `default`. A request
+run below its tenant's band also carries `"fairpool_band": "batch"` (the gateway sets it; a
+band above the tenant's is ignored, as the gateway never sends one).
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fairpool.api.shares import Band, BandShare, GroupShare, default_bands, shares
 from fairpool.api.validation import validate
-from fairpool.sched.cost import CostModel, TenantWeights
+from fairpool.sched.cost import CostModel
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.policy import LocalPolicy
 from fairpool.sched.registry import MEMORY_SAFE_SUFFIX, make_policy, policy_parameters
+from fairpool.sched.tree import Shares, flow
 
 #: Environment variable holding the path of the scheduler configuration file.
 CONFIG_ENV = "FAIRPOOL_SCHEDULER_CONFIG"
@@ -36,6 +44,8 @@ CONFIG_ENV = "FAIRPOOL_SCHEDULER_CONFIG"
 POLICY_ENV = "FAIRPOOL_SCHEDULER_POLICY"
 #: The key in `vllm_xargs` / `SamplingParams.extra_args` that names the tenant.
 TENANT_XARG = "fairpool_tenant"
+#: ... and the one that names a band below the tenant's, for a request asked to run there.
+BAND_XARG = "fairpool_band"
 #: Every key of ours in `vllm_xargs` starts with this; unknown ones are refused.
 XARG_PREFIX = "fairpool_"
 DEFAULT_TENANT = "default"
@@ -79,6 +89,10 @@ class SchedulerConfig(BaseModel):
     cost: CostWeights = Field(default_factory=CostWeights)
     default_weight: float = Field(default=1.0, gt=0, alias="defaultWeight")
     tenants: dict[str, float] = Field(default_factory=dict)
+    groups: dict[str, GroupShare] = Field(default_factory=dict)
+    tenant_groups: dict[str, str] = Field(default_factory=dict, alias="tenantGroups")
+    tenant_bands: dict[str, Band] = Field(default_factory=dict, alias="tenantBands")
+    bands: dict[Band, BandShare] = Field(default_factory=default_bands)
 
     _known_policy = field_validator("policy")(lambda cls, name: known_policy(name))
 
@@ -99,8 +113,16 @@ class SchedulerConfig(BaseModel):
             return self.policy + MEMORY_SAFE_SUFFIX
         return self.policy
 
-    def weights(self) -> TenantWeights:
-        return TenantWeights(self.tenants, default=self.default_weight)
+    def weights(self) -> Shares:
+        """The tenants' weights in the fair order's tree: their groups and bands."""
+        return shares(
+            self.tenants,
+            self.default_weight,
+            self.groups,
+            self.tenant_groups,
+            self.tenant_bands,
+            self.bands,
+        )
 
     def make_policy(self) -> LocalPolicy:
         params: dict[str, Any] = {}
@@ -132,6 +154,10 @@ def parse_scheduler_config(data: object, source: str = "scheduler config") -> Sc
     if not isinstance(data, dict):
         raise ConfigError(source, "must be a mapping")
     config = validate(SchedulerConfig, data, source)
+    try:
+        config.weights()  # a tree that is not one (a cycle, an unknown group) fails here
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error.parameter}", error.problem) from None
     config.make_policy()  # parameters the policy refuses (quantum for vtc) fail here
     return config
 
@@ -159,6 +185,19 @@ def tenant_of(extra_args: object) -> str:
     return DEFAULT_TENANT
 
 
+def flow_of(extra_args: object, shares: Shares) -> str:
+    """The flow a request runs in (`fairpool.sched.tree.flow`): its tenant, or
+    `tenant@band` when its `vllm_xargs` ask a band below the tenant's. A band above the
+    tenant's, or one that is not a band, runs in the tenant's own (the gateway never sends
+    one; an engine reached directly must not let a request rise)."""
+    tenant = tenant_of(extra_args)
+    band = extra_args.get(BAND_XARG) if isinstance(extra_args, dict) else None
+    try:
+        return flow(tenant, band if isinstance(band, str) else None, shares.tenant_band(tenant))
+    except ConfigError:
+        return tenant
+
+
 def check_xargs(xargs: object) -> None:
     """Refuse `vllm_xargs` of ours that are unknown or malformed; others are vLLM's."""
     if xargs is None:
@@ -168,8 +207,16 @@ def check_xargs(xargs: object) -> None:
     for key, value in xargs.items():
         if not isinstance(key, str) or not key.startswith(XARG_PREFIX):
             continue
+        if key == BAND_XARG:
+            if value not in ("interactive", "standard", "batch"):
+                raise ConfigError(
+                    f"vllm_xargs.{key}", f"must be interactive, standard or batch, got {value!r}"
+                )
+            continue
         if key != TENANT_XARG:
-            raise ConfigError(f"vllm_xargs.{key}", f"unknown key; fairpool reads {TENANT_XARG}")
+            raise ConfigError(
+                f"vllm_xargs.{key}", f"unknown key; fairpool reads {TENANT_XARG} and {BAND_XARG}"
+            )
         if not isinstance(value, str) or not value or len(value) > 253:
             raise ConfigError(
                 f"vllm_xargs.{key}", f"must be a tenant name of 1-253 characters, got {value!r}"

@@ -128,3 +128,60 @@ class TenantQuotaStatus(Spec):
     observed_generation: int | None = Field(
         default=None, ge=0, alias="observedGeneration", description="Spec generation reconciled."
     )
+
+
+class GroupMembers(Spec):
+    """By name, sorted."""
+
+    groups: list[str] = Field(
+        default_factory=list, description="TenantGroups whose spec.parent names this group."
+    )
+    tenants: list[str] = Field(
+        default_factory=list,
+        description="Tenant ids of the TenantQuotas whose spec.group names this group.",
+    )
+
+
+class GroupPoolShare(Spec):
+    """What the gateway last reported of one pool's service to a group's tenants."""
+
+    pool: str = Field(description="The InferencePool.")
+    served_tokens: int = Field(
+        ge=0,
+        alias="servedTokens",
+        description="Prompt plus completion tokens served in the pool to the tenants under "
+        "the group (at any depth).",
+    )
+    served_service: float = Field(
+        ge=0,
+        alias="servedService",
+        description="Service (cost units) charged in the pool to the tenants under the group.",
+    )
+    share: float = Field(
+        ge=0,
+        le=1,
+        description="servedService divided by the service charged in the pool to every "
+        "tenant: the fraction of the pool's service the group received, counted since the "
+        "gateway replica that answered started.",
+    )
+
+
+class TenantGroupStatus(Spec):
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready: the group is in the fair order's tree as its spec says (False: "
+        "its parent is missing or the groups form a cycle, and the message names them).",
+    )
+    members: GroupMembers = Field(
+        default_factory=GroupMembers, description="The groups and tenants directly under it."
+    )
+    pools: list[GroupPoolShare] = Field(
+        default_factory=list,
+        description="Per pool, the service the gateway last reported for the group's tenants.",
+    )
+    last_reported: str | None = Field(
+        default=None, alias="lastReported", description="When the gateway's numbers were read."
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, alias="observedGeneration", description="Spec generation reconciled."
+    )

@@ -1,5 +1,5 @@
-"""TenantQuota: who may use which pools, with what weight, keys, limits and SLO (API group
-fairpool.io/v1alpha1, short name `tq`).
+"""TenantQuota: who may use which pools, with what weight, group, band, keys, limits and SLO
+(API group fairpool.io/v1alpha1, short name `tq`).
 
 ```yaml
 apiVersion: fairpool.io/v1alpha1
@@ -7,25 +7,31 @@ kind: TenantQuota
 metadata: {name: acme}
 spec:
   tenant: acme                 # default: metadata.name
-  weight: 2                    # share of service relative to other tenants
+  weight: 2                    # share of service relative to its siblings
+  group: acme-support          # a TenantGroup; default: directly under its band
   pools: [chat]                # default: every pool
   apiKeySecretRef: {name: acme-keys}   # every entry of the Secret is an API key
   limits: {requestsPerMinute: 600, tokensPerMinute: 200000, concurrent: 32, queued: 64}
-  slo: {class: interactive, ttftSeconds: 0.5, tbtSeconds: 0.1}
+  slo: {class: interactive, ttftSeconds: 0.5, tbtSeconds: 0.1}   # class: the band
 ```
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from fairpool.api.common import DNS_LABEL, Metadata, Spec
+from fairpool.api.shares import Band, BandShare
 from fairpool.api.status import TenantQuotaStatus
+from fairpool.api.tenant_group import TenantGroup, TenantPlace, fair_order, group_shares
 from fairpool.sched.errors import ConfigError
+from fairpool.sched.tree import Shares
 
-SloClass = Literal["interactive", "standard", "batch"]
+#: A tenant's SLO class is its priority band.
+SloClass = Band
 
 #: A tenant id: what a TenantQuota's `spec.tenant` (and its default, the resource's name)
 #: may be, an RFC 1123 label. Every other place a tenant is named (the gateway's tenant
@@ -88,12 +94,15 @@ class TenantLimits(Spec):
 
 
 class ServiceLevel(Spec):
-    """The latency the tenant expects; the engines' SLO-aware policies read the targets."""
+    """The tenant's band, and the latency targets the SLO-aware policies read."""
 
     slo_class: SloClass = Field(
         default="standard",
         alias="class",
-        description="interactive (tight time to first token), standard, or batch.",
+        description="The tenant's priority band: interactive, standard or batch. A waiting "
+        "request of a higher band goes before any of a lower one, except that each lower "
+        "band keeps the minimum share of service its pool gives it "
+        "(InferencePool spec.scheduler.bands) while it has requests waiting.",
     )
     ttft_seconds: float | None = Field(
         default=None, gt=0, alias="ttftSeconds", description="Target time to first token."
@@ -113,8 +122,17 @@ class TenantQuotaSpec(Spec):
         default=1.0,
         gt=0,
         le=1000,
-        description="Share of service relative to other tenants: weight 2 is entitled to "
-        "twice the tokens of weight 1 when both are backlogged.",
+        description="Share of service relative to its siblings (the tenants and groups "
+        "directly under the same group, or of no group, in the same band): weight 2 is "
+        "entitled to twice the tokens of weight 1 when both are backlogged.",
+    )
+    group: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL,
+        description="The TenantGroup (in this namespace) the tenant belongs to; unset: "
+        "directly under its band. A group that does not exist yet is ignored until it does.",
     )
     pools: list[str] = Field(
         default_factory=list,
@@ -126,7 +144,9 @@ class TenantQuotaSpec(Spec):
         description="Secret with the tenant's API keys (Authorization: Bearer KEY).",
     )
     limits: TenantLimits = Field(default_factory=TenantLimits, description="Hard limits.")
-    slo: ServiceLevel = Field(default_factory=ServiceLevel, description="Latency targets.")
+    slo: ServiceLevel = Field(
+        default_factory=ServiceLevel, description="Priority band and latency targets."
+    )
 
     def may_use(self, pool: str) -> bool:
         return not self.pools or pool in self.pools
@@ -144,6 +164,19 @@ class TenantQuota(BaseModel):
     def tenant(self) -> str:
         return self.spec.tenant or self.metadata.name
 
+    def place(self) -> TenantPlace:
+        """Where the tenant is in the fair order's tree."""
+        spec = self.spec
+        return TenantPlace(self.tenant, spec.weight, spec.group, spec.slo.slo_class)
 
-def tenant_weights(quotas: list[TenantQuota]) -> dict[str, float]:
-    return {quota.tenant: quota.spec.weight for quota in quotas}
+
+def tenant_shares(
+    quotas: Iterable[TenantQuota],
+    groups: Iterable[TenantGroup] = (),
+    bands: Mapping[Band, BandShare] | None = None,
+) -> Shares:
+    """The fair order's tree of TenantQuotas and TenantGroups (`fair_order`), with the
+    bands' minimum shares `bands` (None: the defaults); ConfigError naming the field for a
+    cycle or a group that does not exist."""
+    places = [quota.place() for quota in quotas]
+    return fair_order(places, group_shares(groups), bands).shares()

@@ -34,6 +34,7 @@ from typing import Any
 
 from fairpool.api.inference_pool import RoutingSpec, Saturation
 from fairpool.api.tenant_quota import TenantLimits
+from fairpool.front.capacity import CapacityGate
 from fairpool.front.limits import Limiter, Rejection, Ticket
 from fairpool.front.peers import Peers, ReplicaState
 from fairpool.front.queue import QUEUE_RETRY_AFTER, FairQueue
@@ -41,7 +42,8 @@ from fairpool.sched.cost import CostModel, TenantWeights, Tokens
 from fairpool.sched.errors import ConfigError, require_count
 from fairpool.sched.registry import make_router, router_parameters
 from fairpool.sched.requests import Request
-from fairpool.sched.routers import ChainProfile, RouteDecision, Router, RouteRequest, WorkerState
+from fairpool.sched.routers import ChainProfile, RouteDecision, Router, RouteRequest
+from fairpool.sched.tree import Shares, flow
 
 #: What one node of a routing prefix tree costs, in bytes, beyond its text: measured
 #: (tracemalloc) between 580 and 1,400 for trees of prompts over worker URLs.
@@ -76,6 +78,8 @@ class FrontRequest:
     output_limit: int | None = None  # most tokens it may produce; None: not given
     limits: TenantLimits = field(default_factory=TenantLimits)
     arrival: float | None = None  # when the front end received it; None: on `arrive`
+    #: The band it asked to run in (only ever below its tenant's); None: its tenant's.
+    band: str | None = None
 
     def __post_init__(self) -> None:
         require_count("input_tokens", self.input_tokens)
@@ -140,6 +144,15 @@ class Settlement:
         return self.flight.request
 
     @property
+    def flow(self) -> str:
+        """What the fair order charged: the tenant, or `tenant@band` (`Flight.flow`)."""
+        return self.flight.flow
+
+    @property
+    def band(self) -> str:
+        return self.flight.band
+
+    @property
     def arrival(self) -> float:
         return self.flight.arrival
 
@@ -178,9 +191,11 @@ class Flight:
 
     __slots__ = (
         "arrival",
+        "band",
         "context",
         "decision",
         "dispatched_at",
+        "flow",
         "front",
         "output_tokens",
         "phase",
@@ -193,6 +208,11 @@ class Flight:
         self.front = front
         self.request = request
         self.ticket = ticket
+        shares = front.queue.weights
+        tenant_band = shares.tenant_band(request.tenant)
+        #: What the fair order schedules it as: its tenant in its band, `tenant@band` below.
+        self.flow = flow(request.tenant, request.band, tenant_band)
+        self.band = request.band or tenant_band
         self.phase = Phase.QUEUED
         self.decision: RouteDecision | None = None
         self.arrival = front.clock() if request.arrival is None else request.arrival
@@ -224,7 +244,7 @@ class Flight:
         place in the pool and may `redispatch`."""
         if self.phase is not Phase.DISPATCHED or self.decision is None:
             raise ConfigError("flight", f"{self.request_id!r} is not dispatched")
-        self.front._left_engine_queue(self)
+        self.front.left_engine_queue(self)
         self.front.router.complete(self.request_id, 0, 0)
         self.decision = None
         self.started = False
@@ -248,10 +268,24 @@ class Flight:
         first token): it waits in the engine's queue no more, so its tenant may send the
         engine another (`PoolFront.fair_engines`)."""
         if self.phase is Phase.DISPATCHED and self.decision is not None and not self.started:
-            self.front._left_engine_queue(self)
+            self.front.left_engine_queue(self)
             self.started = True
             if self.front.fair_engines:
                 self.front.release_waiting()
+
+    def left_by_client(self, sent: bool, streamed: bool) -> Outcome:
+        """What it is charged, its client having left before its answer ended
+        (`fairpool.front.charges`): its whole output reservation if it was `sent` to an
+        engine and not `streamed`; what was observed of a stream; nothing if never sent
+        (a flight routed and never sent is undispatched)."""
+        if self.settled:
+            return Outcome(CLIENT_CLOSED, reason="client_closed")
+        if sent and not streamed:
+            reserved = self.request.output_limit or 0
+            return Outcome(CLIENT_CLOSED, reason="client_closed", output_tokens=reserved)
+        if self.decision is not None and not sent:
+            self.undispatch()  # routed, never sent: nothing served
+        return Outcome(CLIENT_CLOSED, reason="client_closed")
 
     def expire(self) -> Rejection | None:
         """The queue timeout passed: a flight still queued leaves, charged nothing, and
@@ -300,23 +334,16 @@ class PoolFront:
         self.queue = queue
         self.limiter = limiter
         self.cost = cost
-        #: When a worker counts as full; None: never (only a router's own room limits).
-        self.saturation = saturation
+        #: When a request may go, and to which workers (`fairpool.front.capacity`).
+        self.gate = CapacityGate(router, queue, saturation, fair_engines, clock)
         self.queue_timeout = queue_timeout
         #: While no worker is in rotation: queue requests (True), or refuse them (NoWorker).
         self.wait_for_workers = wait_for_workers
-        #: The engines keep the tenants' weights among the requests in their queues: each
-        #: tenant then keeps requests waiting in every engine (`workers_with_room`).
-        self.fair_engines = fair_engines
         self.clock = clock
         self.on_release = on_release
-        #: The gateway's other replicas, when they share their queues (`share_with`).
-        self.peers: Peers | None = None
         self.listeners: list[FrontListener] = []
         self._flights: dict[str, Flight] = {}  # every flight not settled yet
         self._queued: dict[str, Flight] = {}
-        #: (worker, tenant) → its requests dispatched there that have not started.
-        self._engine_queued: dict[tuple[str, str], int] = {}
         self._releasing = False
         self._release_again = False
         # Every ledger hears every settlement, in this order, then the listeners.
@@ -370,6 +397,42 @@ class PoolFront:
             fair_engines=fair_engines,
         )
 
+    # ------------------------------------------------------------------ the capacity gate
+
+    @property
+    def saturation(self) -> Saturation | None:
+        """When a worker counts as full; None: never (only a router's own room limits)."""
+        return self.gate.saturation
+
+    @saturation.setter
+    def saturation(self, saturation: Saturation | None) -> None:
+        self.gate.saturation = saturation
+
+    @property
+    def fair_engines(self) -> bool:
+        """The engines keep the tenants' weights among the requests they hold."""
+        return self.gate.fair_engines
+
+    @property
+    def peers(self) -> Peers | None:
+        """The gateway's other replicas, when they share their queues (`share_with`)."""
+        return self.gate.peers
+
+    def has_capacity(self, tenant: str | None = None) -> bool:
+        """Whether a request (of `tenant`, a flow) may be dispatched now. The front keeps
+        "nobody waits while there is capacity for them" true after each of its calls;
+        capacity changes must therefore reach it through them (`set_rotation`,
+        `update_load`, `set_saturation`, `settle`)."""
+        return self.gate.has_capacity(tenant)
+
+    def workers_with_room(self, tenant: str | None = None) -> list[str]:
+        """The workers a request (of `tenant`) may go to now (`CapacityGate`)."""
+        return self.gate.workers_with_room(tenant)
+
+    def not_started(self, worker: str, tenant: str) -> int:
+        """`tenant`'s requests sent to `worker` that its engine has not started."""
+        return self.gate.not_started(worker, tenant)
+
     # ------------------------------------------------------------------ requests
 
     def arrive(self, request: FrontRequest) -> Flight:
@@ -394,12 +457,12 @@ class PoolFront:
             raise NoWorker(f"pool {self.name!r} has no model server in rotation")
         scheduled = Request(
             request.request_id,
-            request.tenant,
+            flight.flow,
             request.input_tokens,
             max(request.output_limit or 0, 1),
         )
         try:
-            if self._may_dispatch_now(request.tenant):
+            if self.gate.may_dispatch_now(flight.flow):
                 self.queue.admit_now(scheduled)
                 flight.phase = Phase.DISPATCHED
             else:
@@ -426,7 +489,7 @@ class PoolFront:
     def share_with(self, peers: Peers) -> None:
         """Decide with the gateway's other replicas (`fairpool.front.peers`): their
         requests count in the saturation cap, their queued tenants in the fair order."""
-        self.peers = peers
+        self.gate.peers = peers
         self.queue.wait_with(peers.waiting_counters)
         self.release_waiting()
 
@@ -463,12 +526,12 @@ class PoolFront:
             while self._release_again:
                 self._release_again = False
                 while self.queue.queued():
-                    if self.has_capacity() and not self.fair_engines:
+                    if self.has_capacity():  # a slot open to all: the fair order's
                         tenant = self.queue.next_tenant()
-                        if tenant is not None and not self._peers_let_go(tenant):
+                        if tenant is not None and not self.gate.peers_let_go(tenant):
                             break
-                    else:  # saturated, or room depends on the tenant: one with room goes
-                        tenant = self._tenant_with_room()
+                    else:  # saturated: a tenant a worker is open to alone goes
+                        tenant = self.gate.tenant_with_room()
                     request_id = None if tenant is None else self.queue.release(tenant)
                     if request_id is None:
                         break
@@ -480,137 +543,6 @@ class PoolFront:
                         self.on_release(flight)
         finally:
             self._releasing = False
-
-    def has_capacity(self, tenant: str | None = None) -> bool:
-        """Whether a request (of `tenant`) may be dispatched now. The front keeps "nobody
-        waits while there is capacity for them" true after each of its calls; capacity
-        changes must therefore reach it through them (`set_rotation`, `update_load`,
-        `set_saturation`, `settle`)."""
-        if self.saturation is None:
-            return self.router.has_room()
-        return bool(self.workers_with_room(tenant))
-
-    def workers_with_room(self, tenant: str | None = None) -> list[str]:
-        """The workers in rotation that may take one more request: the router allows it (a
-        chain below its capacity) and the worker is below the saturation thresholds —
-        fewer than `maxOutstanding` requests from this front, fewer than `maxWaiting` in
-        its engine's queue (as last reported, plus those sent since), less than
-        `maxKvUsage` of its KV cache in use. Routing chooses among these, so a request
-        is never sent to a saturated worker.
-
-        A request of a `tenant` below its weighted share of the requests in flight
-        (`FairQueue.below_share`) while other tenants' requests are held in the queue is
-        held by `maxOutstanding` alone, on the workers
-        where it stays within its share of what they serve: the fair engines make room
-        for it there (`fairpool.sched.kv_share`), and holding it back behind a flood's
-        queue would cost it the latency the flood caused.
-
-        With `fair_engines`, a tenant goes to the workers where fewest of its requests wait
-        in the engine's queue (not started) — an engine keeps the weights only between the
-        tenants it holds, and a tenant whose requests all went to the worker caching its
-        prefix would get that worker's share alone; routing (D2LPM's locality) chooses
-        among the workers tied for fewest. A tenant not above its weighted share of the
-        requests in flight here may keep up to `tenantWaiting` waiting there whatever the
-        thresholds: every tenant with work then has requests in every engine's queue, and
-        the engines' fair schedulers decide between them, whichever replica sent them (a
-        replica that sees one tenant sees it at its share). A tenant above its share waits
-        here, so a flood's backlog stays out of the engines' queues."""
-        limits, router = self.saturation, self.router
-        if limits is None:
-            return [worker for worker in router.workers if router.room(worker) != 0]
-        by_thresholds = self._open_by_thresholds(limits, tenant)
-        if tenant is None or not self.fair_engines:
-            return by_thresholds
-        waiting = {
-            worker: self.not_started(worker, tenant)
-            for worker in router.workers
-            if router.room(worker) != 0
-        }
-        fewest = min(waiting.values(), default=0)
-        beyond = limits.tenant_waiting if self.queue.below_share(tenant) is not None else 0
-        return [
-            worker
-            for worker, count in waiting.items()
-            if count == fewest and (worker in by_thresholds or count < beyond)
-        ]
-
-    def _open_by_thresholds(self, limits: Saturation, tenant: str | None) -> list[str]:
-        router = self.router
-        open_to_all = [
-            worker
-            for worker in router.workers.values()
-            if self._outstanding(worker) < limits.max_outstanding
-            and router.room(worker.worker_id) != 0
-        ]
-        below = [
-            worker.worker_id
-            for worker in open_to_all
-            if tenant is not None
-            and self._held_back_below_share(tenant)
-            and self._within_share_at(worker, tenant)
-        ]
-        return below or [
-            worker.worker_id
-            for worker in open_to_all
-            if worker.expected_waiting < limits.max_waiting
-            and worker.kv_usage < limits.max_kv_usage
-        ]
-
-    def _outstanding(self, worker: WorkerState) -> int:
-        """Requests in flight on `worker` that count in `maxOutstanding`: this front's and,
-        without fair engines, its peers'. With fair engines the engines keep the order and
-        each replica its own cap (in the simulator, counting the others' requests too moved
-        the weights by up to 17 %: 4.68 : 1 for 4 : 1, four replicas, traffic spread)."""
-        mine = worker.outstanding
-        if self.peers is None or self.fair_engines:
-            return mine
-        return mine + self.peers.in_flight(worker.worker_id, mine)
-
-    def _peers_let_go(self, tenant: str) -> bool:
-        """May `tenant` take an open slot, with the other replicas' queues in view? Only
-        while more slots are open than they hold requests of tenants ahead of it in the
-        fair order (`Peers.queued_before`); they take those slots when they hear of them.
-        Without peers, with fair engines (the engines keep the order) and with a queue
-        that keeps no order between tenants (fcfs), always."""
-        peers, limits = self.peers, self.saturation
-        if peers is None or limits is None or self.fair_engines or not self.queue.weighs_tenants:
-            return True
-        counter = self.queue.counter(tenant)
-        if not self.queue.queued(tenant):  # joining: VTC lifts it to the least waiting
-            counter = max(counter, min(peers.waiting_counters(), default=counter))
-        ahead = peers.queued_before(tenant, counter)
-        return ahead == 0 or self._open_slots(limits) > ahead
-
-    def _open_slots(self, limits: Saturation) -> int:
-        """Requests the workers open to all could take before the thresholds close them:
-        what their cap leaves, no more than their engine's queue has room for, at least
-        one each."""
-        router = self.router
-        slots = 0
-        for worker_id in self._open_by_thresholds(limits, None):
-            worker = router.workers[worker_id]
-            room = min(
-                limits.max_outstanding - self._outstanding(worker),
-                int(limits.max_waiting - worker.expected_waiting),
-            )
-            slots += max(room, 1)
-        return slots
-
-    def _held_back_below_share(self, tenant: str) -> bool:
-        """Is `tenant` below its share while another tenant's requests are held in the
-        queue? Only then does holding `tenant` back too cost it what the others caused."""
-        others_queued = any(other != tenant for other in self.queue.queued_tenants())
-        return others_queued and self.queue.below_share(tenant) is not None
-
-    def _within_share_at(self, worker: WorkerState, tenant: str) -> bool:
-        """Would `tenant` be within its weighted share of `worker`'s requests from this
-        front with one more? Only there can the engine's fair memory sharing protect it."""
-        weights = self.queue.weights
-        total_weight = weights[tenant] + sum(
-            weights[other] for other in worker.tenants if other != tenant
-        )
-        share = (worker.outstanding + 1) * weights[tenant] / total_weight
-        return worker.tenants.get(tenant, 0) + 1 <= share
 
     # ------------------------------------------------------------------ workers and weights
 
@@ -639,7 +571,8 @@ class PoolFront:
         self.release_waiting()
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        table = weights if isinstance(weights, TenantWeights) else TenantWeights(weights)
+        """New weights (with their bands and groups, when a `Shares`)."""
+        table = Shares.of(weights if isinstance(weights, TenantWeights) else dict(weights))
         self.router.set_weights(table)
         self.queue.set_weights(table)
 
@@ -657,56 +590,10 @@ class PoolFront:
 
     # ------------------------------------------------------------------ internals
 
-    def _may_dispatch_now(self, tenant: str) -> bool:
-        """A new request of `tenant` skips the queue: nobody waits and there is room, or
-        (the pool is saturated) nothing of its tenant waits and a worker is open to it
-        alone: it is below its share, or (`fair_engines`) fewer than `tenantWaiting` of
-        its requests wait in a worker's engine."""
-        if not self.queue.queued():
-            return self.has_capacity(tenant) and self._peers_let_go(tenant)
-        return (
-            not self.queue.queued(tenant)
-            and (self.fair_engines or self.queue.below_share(tenant) is not None)
-            and self.has_capacity(tenant)
-            and self._peers_let_go(tenant)
-        )
-
-    def _tenant_with_room(self) -> str | None:
-        """While the pool is saturated: the queued tenant that goes next among those with
-        a worker open to them alone — the one furthest below its share first, then the
-        least served (the queue's counter)."""
-
-        def rank(tenant: str) -> tuple[float, float]:
-            below = self.queue.below_share(tenant)
-            return (-below if below is not None else 1.0, self.queue.counter(tenant))
-
-        for tenant in sorted(self.queue.queued_tenants(), key=rank):
-            if (
-                (self.fair_engines or self.queue.below_share(tenant) is not None)
-                and self.has_capacity(tenant)
-                and self._peers_let_go(tenant)
-            ):
-                return tenant
-        return None
-
-    def not_started(self, worker: str, tenant: str) -> int:
-        """`tenant`'s requests dispatched to `worker` that its engine has not started."""
-        return self._engine_queued.get((worker, tenant), 0)
-
-    def _entered_engine_queue(self, flight: Flight, worker: str) -> None:
-        key = (worker, flight.tenant)
-        self._engine_queued[key] = self._engine_queued.get(key, 0) + 1
-
-    def _left_engine_queue(self, flight: Flight) -> None:
-        """`flight` started, or left its worker before it did."""
-        if flight.started or flight.decision is None:
-            return
-        key = (flight.decision.worker, flight.tenant)
-        left = self._engine_queued[key] - 1
-        if left:
-            self._engine_queued[key] = left
-        else:
-            del self._engine_queued[key]
+    def left_engine_queue(self, flight: Flight) -> None:
+        """`flight` started in its engine, or left its worker before it did."""
+        if not flight.started and flight.decision is not None:
+            self.gate.started(flight.decision.worker, flight.flow, flight.request_id)
 
     def _route_or_settle(self, flight: Flight) -> RouteDecision:
         """Route a flight the queue admitted; if that fails, the flight is settled (nothing
@@ -724,15 +611,15 @@ class PoolFront:
         if not self.router.workers:
             raise NoWorker(f"pool {self.name!r} has no worker in rotation")
         request = flight.request
-        eligible = None if self.saturation is None else self.workers_with_room(request.tenant)
+        eligible = None if self.saturation is None else self.workers_with_room(flight.flow)
         if eligible == []:  # a worker failed and the others are full: wait no longer
             eligible = None
         decision = self.router.route(
-            RouteRequest(request.request_id, request.tenant, request.key, request.input_tokens),
+            RouteRequest(request.request_id, flight.flow, request.key, request.input_tokens),
             eligible,
         )
         flight.decision = decision
-        self._entered_engine_queue(flight, decision.worker)
+        self.gate.sent(decision.worker, flight.flow, flight.request_id)
         if flight.dispatched_at is None:
             flight.dispatched_at = self.clock()
         for listener in self.listeners:
@@ -742,7 +629,7 @@ class PoolFront:
     def _settle(self, flight: Flight, outcome: Outcome) -> Settlement:
         was = flight.phase
         if was is Phase.DISPATCHED:
-            self._left_engine_queue(flight)
+            self.left_engine_queue(flight)
         flight.phase = Phase.SETTLED
         self._flights.pop(flight.request_id, None)
         if was is Phase.QUEUED:

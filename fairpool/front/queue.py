@@ -25,6 +25,7 @@ from fairpool.front.limits import Rejection
 from fairpool.sched import CostModel, EngineSnapshot, Request, TenantWeights, make_policy
 from fairpool.sched.cost import Tokens
 from fairpool.sched.errors import ConfigError, require_count
+from fairpool.sched.tree import Shares
 
 #: Retry-After for a request refused by the queue limit or timed out in the queue: when
 #: capacity frees is unknown, so a short wait.
@@ -151,7 +152,8 @@ class FairQueue:
         return self._policy.tenant_waiting(tenant)
 
     @property
-    def weights(self) -> TenantWeights:
+    def weights(self) -> Shares:
+        """The tenants' weights, with their bands and groups."""
         return self._policy.weights
 
     @property

@@ -36,9 +36,7 @@ class _Told(FrontListener):
         # both could hold back for the other, leaving the slot idle.
         if settlement.worker is not None:
             for other in self.others:
-                other.charged_elsewhere(
-                    settlement.request.tenant, settlement.worker, settlement.service
-                )
+                other.charged_elsewhere(settlement.flow, settlement.worker, settlement.service)
         for other in self.others:
             other.release_waiting()
 

@@ -19,6 +19,16 @@ from fairpool.sched.errors import (
     require_positive,
 )
 
+#: Between a tenant and a band in the id of a flow that runs below its tenant's band
+#: (`fairpool.sched.tree.flow`): tenant names are DNS labels, which never hold it.
+BAND_SEPARATOR = "@"
+
+
+def tenant_of(flow: str) -> str:
+    """The tenant a flow (`tenant` or `tenant@band`) belongs to."""
+    return flow.partition(BAND_SEPARATOR)[0]
+
+
 #: More tokens than a prompt or an output can hold: past any model's context (the longest,
 #: 10M tokens, is under 2^24). What bounds a charge heard from outside (`most_service`).
 MOST_REQUEST_TOKENS = 1 << 24
@@ -80,7 +90,8 @@ class Tokens:
 
 
 class TenantWeights(Mapping[str, float]):
-    """Tenant → weight, with a default (1) for tenants nobody configured."""
+    """Tenant → weight, with a default (1) for tenants nobody configured. A flow of a
+    tenant in another band (`tenant@band`) has its tenant's weight."""
 
     def __init__(self, weights: Mapping[str, float] | None = None, default: float = 1.0) -> None:
         self.default = require_positive("default_weight", default)
@@ -89,7 +100,10 @@ class TenantWeights(Mapping[str, float]):
             self._weights[tenant] = require_positive(f"weights[{tenant}]", weight)
 
     def __getitem__(self, tenant: str) -> float:
-        return self._weights.get(tenant, self.default)
+        weight = self._weights.get(tenant)
+        if weight is None:
+            weight = self._weights.get(tenant_of(tenant), self.default)
+        return weight
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._weights)

@@ -20,6 +20,13 @@ refill), so an engine may call it repeatedly before admitting, as vLLM's
 Memory-safe admission (seed 002, Algorithm 2) combines with any order: with
 `memory_safe=True` the policy returns None instead of a request whose admission could
 overflow KV memory at a future completion time.
+
+Every policy keeps the fair order's tree (`fairpool.sched.tree.FairTree`) of its tenants'
+bands and groups, fed by the same events; the policies that weigh tenants (VTC, DLPM) take
+their requests from the flows it offers (`FairTree.candidates`), so a band, a group and a
+tenant are ordered alike in an engine, the gateway's queue and the simulator. A request's
+`tenant` is its flow: the tenant, or `tenant@band` for a request run below its tenant's
+band.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from fairpool.sched.match_order import MatchOrder
 from fairpool.sched.memory import OutputPredictor, admission_is_memory_safe, predict_max_tokens
 from fairpool.sched.prediction import RecentOutputs
 from fairpool.sched.requests import EngineView, Request, Running
+from fairpool.sched.tree import FairTree, Shares
 
 
 @dataclass(eq=False, slots=True)
@@ -74,7 +82,7 @@ class LocalPolicy(ABC):
         share_memory: bool | None = None,
     ) -> None:
         self.cost = cost or CostModel()
-        self.weights = weights or TenantWeights()
+        self.tree = FairTree(Shares.of(weights))
         self.memory_safe = memory_safe
         self.predictor: OutputPredictor = predictor or predict_max_tokens
         #: Charge the order at admission for the output predicted (VTC §4.4, Alg. 3).
@@ -96,6 +104,17 @@ class LocalPolicy(ABC):
         #: (a gateway's replicas, `fairpool.front.peers`); an engine has none.
         self.waiting_elsewhere: Callable[[], Iterable[float]] = tuple
 
+    @property
+    def weights(self) -> Shares:
+        """The tenants' weights, with their bands and groups (the tree's shape)."""
+        return self.tree.shares
+
+    @weights.setter
+    def weights(self, weights: TenantWeights) -> None:
+        """New weights (a reloaded tenant table); counters keep their values, and a new
+        shape of bands and groups takes the flows waiting now."""
+        self.tree.reshape(Shares.of(weights), self._queues)
+
     # ------------------------------------------------------------------ events
 
     def add(self, request: Request) -> None:
@@ -103,7 +122,7 @@ class LocalPolicy(ABC):
             raise ConfigError("request_id", f"{request.request_id!r} is already queued or running")
         tenant = request.tenant
         if tenant not in self._queues:
-            self._on_join(tenant, idle=self._running_per_tenant[tenant] == 0)
+            self._join(tenant, idle=self._running_per_tenant[tenant] == 0)
         self._enqueue(Waiting(request, next(self._arrivals)), front=False)
 
     def remove(self, request_id: str) -> bool:
@@ -152,7 +171,7 @@ class LocalPolicy(ABC):
         )
         if self.outputs is not None:
             self._ahead[request_id] = self.outputs.predict(request)
-            self._on_charge(request.tenant, self.cost.decode(self._ahead[request_id]))
+            self._charged(request.tenant, self.cost.decode(self._ahead[request_id]))
         return service
 
     def record_output(self, request_id: str, tokens: int = 1) -> float:
@@ -168,7 +187,7 @@ class LocalPolicy(ABC):
         if covered:
             self._ahead[request_id] -= covered
         if covered < tokens:
-            self._on_charge(request.tenant, self.cost.decode(tokens - covered))
+            self._charged(request.tenant, self.cost.decode(tokens - covered))
         return service
 
     def correct_charge(self, request_id: str, service: float) -> float:
@@ -180,7 +199,7 @@ class LocalPolicy(ABC):
         """Another queue that shares this one's order (a gateway replica's) served
         `tenant` `service`: it counts in the order as this policy's own service does, and
         not in `served`, which is this policy's own."""
-        self._on_charge(tenant, service)
+        self._charged(tenant, service)
 
     def preempt(self, request_id: str) -> None:
         """Send a running request back to the front of the queue, already paid for. Its
@@ -189,7 +208,7 @@ class LocalPolicy(ABC):
         request = self._pop_running(request_id)
         tenant = request.tenant
         if tenant not in self._queues:
-            self._on_join(tenant, idle=False)  # it had a request running a moment ago
+            self._join(tenant, idle=False)  # it had a request running a moment ago
         self._enqueue(Waiting(request, next(self._requeues), charged=True), front=True)
 
     def finish(self, request_id: str) -> None:
@@ -200,7 +219,7 @@ class LocalPolicy(ABC):
         request_id = request.request_id
         unproduced = self._ahead.pop(request_id, 0)
         if unproduced:  # the order's charge for output that never came
-            self._on_charge(request.tenant, -self.cost.decode(unproduced))
+            self._charged(request.tenant, -self.cost.decode(unproduced))
         produced = self._produced.pop(request_id, 0)
         if completed and self.outputs is not None:
             self.outputs.observe(request.tenant, produced)
@@ -233,15 +252,17 @@ class LocalPolicy(ABC):
         """Which running requests to preempt, in order, when memory runs out. The engine
         stops as soon as there is room (unless `preempt_all`) and asks again if not.
 
-        vLLM's choice is the most recently admitted first, whoever it belongs to: under
-        KV pressure that undoes a fair policy's latest admission — often the
-        under-served tenant's request it just let in. A policy that `shares_memory`
-        takes memory back from the tenant furthest above its share first
-        (`fairpool.sched.kv_share`); the others keep vLLM's order.
+        Victims come from the lowest band with a running request first (batch, standard,
+        interactive), as the bands' strict priority wants. Inside a band, vLLM's choice
+        is the most recently admitted first, whoever it belongs to: under KV pressure
+        that undoes a fair policy's latest admission — often the under-served tenant's
+        request it just let in. A policy that `shares_memory` takes memory back from the
+        tenant furthest above its share first (`fairpool.sched.kv_share`); the others
+        keep vLLM's order.
         """
         if self.shares_memory:
             return kv_share.preemption_order(running, self._queues, self.weights)
-        return list(reversed(running))
+        return kv_share.latest_first(running, self.weights)
 
     # ------------------------------------------------------------------ batch shape
 
@@ -340,15 +361,22 @@ class LocalPolicy(ABC):
     def _on_leave(self, tenant: str) -> None:
         """`tenant`'s last waiting request left the queue."""
 
-    def _first_head(self, tenant_rank: Mapping[str, float] | None = None) -> Waiting | None:
-        """The earliest waiting request of the tenant ranked first by `tenant_rank`
-        (ties, or no ranks: the earliest of all), or None if nobody waits. A loop rather
-        than `min` with a key function: it runs once per admission over every tenant."""
+    def _first_head(
+        self,
+        tenant_rank: Mapping[str, float] | Callable[[str], float] | None = None,
+        tenants: Iterable[str] | None = None,
+    ) -> Waiting | None:
+        """The earliest waiting request of the tenant (of `tenants`, or of all waiting)
+        ranked first by `tenant_rank` (ties, or no ranks: the earliest of all), or None if
+        nobody waits. A loop rather than `min` with a key function: it runs once per
+        admission over every tenant."""
         best: Waiting | None = None
         best_rank = 0.0
-        for tenant, queue in self._queues.items():
-            head = queue[0]
-            rank = 0.0 if tenant_rank is None else tenant_rank[tenant]
+        rank_of = tenant_rank.__getitem__ if isinstance(tenant_rank, Mapping) else tenant_rank
+        queues = self._queues
+        for tenant in queues if tenants is None else tenants:
+            head = queues[tenant][0]
+            rank = 0.0 if rank_of is None else rank_of(tenant)
             if best is None or rank < best_rank or (rank == best_rank and head.order < best.order):
                 best, best_rank = head, rank
         return best
@@ -366,8 +394,19 @@ class LocalPolicy(ABC):
     def _charge(self, tenant: str, service: float) -> float:
         """`tenant` received `service`: counted, and charged to the policy's order."""
         self.served[tenant] += service
-        self._on_charge(tenant, service)
+        self._charged(tenant, service)
         return service
+
+    def _charged(self, tenant: str, service: float) -> None:
+        """Charge `service` to `tenant`'s order: the tree's, and the policy's own."""
+        self.tree.charge(tenant, service)
+        self._on_charge(tenant, service)
+
+    def _join(self, tenant: str, idle: bool) -> None:
+        """`tenant` (a flow) gets its first waiting request: the tree lifts it, and the
+        counters of the tenants waiting at a gateway's other replicas count in the lift."""
+        self.tree.join(tenant, self.waiting_elsewhere())
+        self._on_join(tenant, idle)
 
     def _enqueue(self, entry: Waiting, front: bool) -> None:
         self._match_order.arrived(entry)
@@ -390,6 +429,7 @@ class LocalPolicy(ABC):
         if not queue:
             del self._queues[tenant]  # so that scans over waiting tenants skip idle ones
             self._match_order.forget(tenant)
+            self.tree.leave(tenant)
             self._on_leave(tenant)
 
     def _served_request(self, request_id: str) -> Request:

@@ -12,11 +12,11 @@ room is needed); each running request also holds its uncached prompt tokens unti
 prefill completes, and its generated tokens. Two admission disciplines:
 
 - `paged` (vLLM): a request needs room for its prompt at admission and one token per
-  decode step after. When a step cannot get room, running requests are preempted —
-  by default the most recently admitted first, as vLLM does; the policy may choose
-  otherwise (`preemption_order`) — and recomputed later: their KV is dropped and the
-  prompt plus what they had generated is prefilled again on re-admission. The policy
-  is told (`preempt`) and does not charge the tenant twice.
+  decode step after. When a step cannot get room, running requests are preempted in the
+  policy's `preemption_order` — by default the lowest band's first and, within a band,
+  the most recently admitted first, as vLLM does — and recomputed later: their KV is
+  dropped and the prompt plus what they had generated is prefilled again on
+  re-admission. The policy is told (`preempt`) and does not charge the tenant twice.
 - `reserve` (S-LoRA, the VTC artifact): admission reserves room for `max_tokens` of
   output as well, so nothing is ever preempted.
 
@@ -233,6 +233,12 @@ class SimEngine:
         self._hits.pop(request_id, None)
         self._stalled = False  # the head of the queue may have changed
         return True
+
+    def produced(self, request_id: str) -> int:
+        """Output tokens the request has generated so far — what its stream has delivered
+        (0 for a request the engine does not hold)."""
+        job = self._jobs.get(request_id)
+        return 0 if job is None else job.output_done
 
     def try_admit(self, request: Request, cached_tokens: int) -> Running | None:
         job = self._jobs[request.request_id]

@@ -12,13 +12,19 @@ happened before it); an engine runs its next step at its own clock, seeing every
 dispatched to it up to then. Engines report admissions, completions and cache evictions;
 the fleet settles completions with the front (D2LPM's stream 2, with the engine's cached
 prompt tokens) and passes evictions to the router (stream 3).
+
+A trace request whose client hangs up (`cancel_after`) before it ends leaves wherever it
+is — the front's queue, or its engine (`SimEngine.abort`) — and is settled by the core's
+rule for a client gone (`Flight.left_by_client`), as the gateway settles it. A hang-up
+during the engine step that finishes the request comes too late: a step is atomic.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +43,7 @@ from fairpool.front import (
     TenantLimiter,
     Usage,
 )
+from fairpool.front.charges import output_reservation
 from fairpool.front.replicas import share_among
 from fairpool.sched.batch import BatchPlan
 from fairpool.sched.cost import CostModel, TenantWeights
@@ -53,6 +60,7 @@ from fairpool.sched.registry import (
     router_parameters,
 )
 from fairpool.sched.requests import Request
+from fairpool.sched.tree import Shares, require_band
 from fairpool.sim.engine import Admission, Completion, SimEngine, StepTime
 from fairpool.sim.metrics import Recorder
 from fairpool.sim.profiles import Profile
@@ -74,6 +82,9 @@ class FleetConfig:
     quantum: float | None = None
     worker_quantum: float | None = None
     min_match: int = 0  # routing prefix matches shorter than this many tokens count as none
+    # The model's context (the pool's `model.maxModelLen`; None: not said): a request's
+    # output reservation is capped by what it leaves after the prompt, as the gateway does.
+    max_model_len: int | None = None
     cost: CostModel = field(default_factory=CostModel)
     weights: TenantWeights = field(default_factory=TenantWeights)
     # The gateway's front: when a worker counts as full (None: never, requests are routed
@@ -111,6 +122,8 @@ class FleetConfig:
         require_positive("queue_timeout", self.queue_timeout)
         require_non_negative("cold_start", self.cold_start)
         require_count("gateway_replicas", self.gateway_replicas, minimum=1)
+        if self.max_model_len is not None:
+            require_count("max_model_len", self.max_model_len, minimum=1)
         if self.rpm_limit is not None:
             require_count("rpm_limit", self.rpm_limit, minimum=1)
 
@@ -151,7 +164,8 @@ class ClosedLoop:
     sending its next request `think_time` seconds after its last one ended (or after a
     refusal's Retry-After) — as `fairpool load --concurrency` and most production clients
     do. Every request is the tenant's shared `prefix` (a system prompt: cacheable), a
-    `question` of its own, and `output_tokens` of answer."""
+    `question` of its own, and `output_tokens` of answer, in `band` (None: the tenant's;
+    only a lower one may be asked)."""
 
     tenant: str
     streams: int
@@ -159,6 +173,7 @@ class ClosedLoop:
     question: int
     output_tokens: int
     think_time: float = 0.0
+    band: str | None = None
 
     def __post_init__(self) -> None:
         tenant_id(self.tenant, "tenant")
@@ -167,12 +182,15 @@ class ClosedLoop:
         require_count("question", self.question, minimum=1)
         require_count("output_tokens", self.output_tokens, minimum=1)
         require_non_negative("think_time", self.think_time)
+        if self.band is not None:
+            require_band(self.band)
 
     def request(self, now: float) -> TraceRequest:
         segments: tuple[Segment, ...] = ((None, self.question),)
         if self.prefix:
             segments = ((f"system-{self.tenant}", self.prefix), *segments)
-        return TraceRequest(now, self.tenant, segments, self.output_tokens, self.output_tokens)
+        output = self.output_tokens
+        return TraceRequest(now, self.tenant, segments, output, output, band=self.band)
 
 
 class Fleet:
@@ -196,7 +214,9 @@ class Fleet:
             for index in range(config.workers)
         ]
         self._positions = {engine.name: position for position, engine in enumerate(self.engines)}
-        self.recorder = Recorder(config.weights, [engine.name for engine in self.engines])
+        #: The fair order's tree (bands, groups) of the weights: each request's flow.
+        self.shares = Shares.of(config.weights)
+        self.recorder = Recorder(self.shares, [engine.name for engine in self.engines])
         self._busy: list[tuple[float, int]] = []  # see run()
         limiter = TenantLimiter(clock=self._clock)  # the replicas' shared state
         #: The gateway's replicas (one unless `gateway_replicas` says more).
@@ -268,15 +288,18 @@ class Fleet:
         return front
 
     def fairness_bound(self) -> float | None:
-        """The bound a theorem gives on the gap between two backlogged tenants' weighted
-        service (`max_backlogged_service_gap`), with the parameters in force (an `auto`
-        quantum as it grew) and U from the largest prompt admitted:
+        """The bound a theorem gives on the gap between the weighted service of two tenants
+        with requests waiting in the engines (`max_fully_backlogged_service_gap`), with the
+        parameters in force (an `auto` quantum as it grew) and U from the largest prompt
+        admitted:
 
-        - one worker: its policy's (VTC Theorem 4.4: 2U; DLPM Theorem 4.1: 2(U + Q));
+        - one worker: its policy's (VTC Theorem 4.4: 2U; DLPM Theorem 4.1: 2(U + Q)).
+          Without a gateway queue or closed-loop clients, demand waits nowhere else, and
+          `max_backlogged_service_gap` is the same measure;
         - DLPM engines behind D2LPM: 2·|W|·(U + Q) (DLPM Theorem 5.1), from the engine
-          with the largest U + Q. The theorem's tenants are backlogged on every worker
-          (`max_fully_backlogged_service_gap`); a tenant waiting at some workers only is
-          outside it, and `max_backlogged_service_gap` may exceed it.
+          with the largest U + Q. The theorem's tenants are backlogged on every worker; a
+          tenant waiting at some workers only, at the gateway or at its client is outside
+          it, and `max_backlogged_service_gap` may exceed it.
 
         Other combinations have no theorem: None.
         """
@@ -333,11 +356,15 @@ class Fleet:
         trace alone), or until `duration` virtual seconds (needed with clients)."""
         if clients and duration is None:
             raise ConfigError("duration", "closed-loop clients need a duration to stop")
-        self._check_fits([*trace, *(client.request(0.0) for client in clients)])
+        named = [(f"request {index}", request) for index, request in enumerate(trace)]
+        named += [(f"--client {client.tenant}", client.request(0.0)) for client in clients]
+        self._check_requests(named)
         end = math.inf if duration is None else duration
-        self._end = end
+        self._end = self.recorder.horizon = end
         self._sent = len(trace)
         for client in clients:
+            if client.think_time == 0:  # its next request is always ready: backlogged
+                self.recorder.client_waiting(self._flow(client.request(0.0)), +1, 0.0)
             for _ in range(client.streams):
                 self._at(0.0, lambda client=client: self._send(client))  # type: ignore[misc]
         arrivals = sorted(enumerate(trace), key=lambda item: (item[1].t, item[0]))
@@ -371,12 +398,17 @@ class Fleet:
                 self._step(self.engines[position])
             if progress is not None:
                 progress(moment)
+        # The run lasted until `end` if work was left then, else until its last event.
+        ran_until = end if moment != math.inf else self.now
         self._drain_front_events()
-        self.recorder.close(min(self.now, end) if duration is not None else self.now)
+        self.recorder.close(ran_until)
         return self.recorder
 
-    def _send(self, client: ClosedLoop) -> None:
-        """One stream of a closed-loop client sends its next request, now."""
+    def _send(self, client: ClosedLoop, held: bool = False) -> None:
+        """One stream of a closed-loop client sends its next request, now (`held`: it was
+        due since the stream's think time ended, and waited at the client)."""
+        if held:
+            self.recorder.client_waiting(self._flow(client.request(self.now)), -1, self.now)
         if self.now >= self._end:
             return
         index, self._sent = self._sent, self._sent + 1
@@ -385,15 +417,28 @@ class Fleet:
         self._arrive(index, client.request(self.now))
 
     def _stream_ended(self, request_id: str, retry_after: float = 0.0) -> None:
+        """A stream's request ended: its next is due after the think time, and sent then,
+        or when a refusal's Retry-After lets it (due meanwhile: backlogged at the client)."""
         client = self._streams.pop(request_id, None)
-        if client is not None:
-            wait = max(client.think_time, retry_after)
-            self._at(self.now + wait, lambda: self._send(client))
+        if client is None:
+            return
+        due = self.now + client.think_time
+        send = max(due, self.now + retry_after)
+        held = due < send and due < self._end
+        if held:
+            flow_id = self._flow(client.request(due))
+            self._at(due, lambda: self.recorder.client_waiting(flow_id, +1, due))
+        self._at(send, lambda: self._send(client, held))
+
+    def _flow(self, request: TraceRequest) -> str:
+        """The flow the fair order runs `request` in: its tenant, or `tenant@band`."""
+        return request.flow(self.shares)
 
     def _arrive(self, index: int, trace_request: TraceRequest) -> None:
-        request = Request(
+        tenant = trace_request.tenant
+        request = Request(  # what the engine schedules: in its flow, as the gateway tags it
             f"q{index}",
-            trace_request.tenant,
+            self._flow(trace_request),
             trace_request.prompt_tokens,
             trace_request.max_tokens,
             arrival=trace_request.t,
@@ -402,15 +447,18 @@ class Fleet:
         tokens = self.tokens.tokens(trace_request.segments)
         front_request = FrontRequest(
             request.request_id,
-            request.tenant,
+            tenant,
             tokens,
             request.prompt_tokens,
-            request.max_tokens,
-            self.config.limits_of(request.tenant),
+            output_reservation(
+                request.max_tokens, 1, request.prompt_tokens, self.config.max_model_len
+            ),
+            self.config.limits_of(tenant),
             arrival=request.arrival,
+            band=trace_request.band,
         )
         try:
-            flight = self._front_for(index, request.tenant).arrive(front_request)
+            flight = self._front_for(index, tenant).arrive(front_request)
         except Rejection as rejection:
             self.recorder.rejected(request)
             self._stream_ended(request.request_id, rejection.retry_after)
@@ -427,6 +475,10 @@ class Fleet:
             self._at(self.now + flight.front.queue_timeout, lambda: self._expire(flight))
         else:
             self._submit(flight)
+        if trace_request.cancel_after is not None:
+            stream = trace_request.stream
+            leaves = trace_request.t + trace_request.cancel_after
+            self._at(leaves, lambda: self._hang_up(flight, stream))
 
     def _submit(self, flight: Flight) -> None:
         """Hand a dispatched flight to its worker's engine, now."""
@@ -436,17 +488,49 @@ class Fleet:
             return
         assert flight.decision is not None
         trace_request, tokens = self._trace.pop(request.request_id)
-        position = self._positions[flight.decision.worker]
-        engine = self.engines[position]
+        engine = self._engine_of(flight)
+        output = trace_request.output_segment
+        output_ids = self.tokens.tokens([(output, trace_request.output_tokens)]) if output else ()
+        with self._waking(engine):
+            engine.submit(request, tokens, trace_request.output_tokens, output_ids)
+        self.recorder.dispatched(request, engine.name, self.now)
+
+    def _engine_of(self, flight: Flight) -> SimEngine:
+        assert flight.decision is not None
+        return self.engines[self._positions[flight.decision.worker]]
+
+    @contextmanager
+    def _waking(self, engine: SimEngine) -> Iterator[None]:
+        """Around a change to `engine`'s requests: an engine that was idle or stalled (so
+        off the busy heap) and now has work steps again, from now."""
         was_idle = engine.idle() or engine.stalled
         if was_idle:
             engine.now = max(engine.now, self.now)
-        output = trace_request.output_segment
-        output_ids = self.tokens.tokens([(output, trace_request.output_tokens)]) if output else ()
-        engine.submit(request, tokens, trace_request.output_tokens, output_ids)
-        self.recorder.dispatched(request, engine.name, self.now)
-        if was_idle:
-            heapq.heappush(self._busy, (engine.now, position))
+        yield
+        if was_idle and not engine.idle():
+            heapq.heappush(self._busy, (engine.now, self._positions[engine.name]))
+
+    def _hang_up(self, flight: Flight, streamed: bool) -> None:
+        """The client of `flight` leaves now. Unless it was answered (or refused) first,
+        the request leaves the front's queue or its engine, and is settled as the gateway
+        settles a client gone: charged its prompt and what its stream delivered (its whole
+        output reservation if its answer was not streamed), nothing if it never reached an
+        engine."""
+        if flight.settled or flight.request_id not in self._flights:
+            return
+        request: Request = flight.context
+        sent = flight.decision is not None  # the fleet hands a dispatched flight over at once
+        if sent:
+            engine = self._engine_of(flight)
+            if streamed:
+                flight.observe_output(engine.produced(request.request_id))
+            with self._waking(engine):
+                engine.abort(request.request_id)
+        else:
+            self._trace.pop(request.request_id, None)
+        del self._flights[request.request_id]
+        self.recorder.hung_up(request, self.now)
+        flight.settle(flight.left_by_client(sent=sent, streamed=streamed))
 
     def _expire(self, flight: Flight) -> None:
         if flight.expire() is not None:
@@ -489,16 +573,22 @@ class Fleet:
             self.now = max(self.now, moment)
             event()
 
-    def _check_fits(self, trace: Sequence[TraceRequest]) -> None:
+    def _check_requests(self, named: Sequence[tuple[str, TraceRequest]]) -> None:
+        """Refuse, before anything runs, a request no engine could hold, or that asks a
+        band above its tenant's; the error names it."""
         blocks_for = self.engines[0].blocks_for
-        for index, request in enumerate(trace):
+        for name, request in named:
             if blocks_for(request.prompt_tokens + request.max_tokens) > self.config.memory_tokens:
                 raise ConfigError(
-                    f"request {index}",
+                    name,
                     f"prompt ({request.prompt_tokens}) + max_tokens ({request.max_tokens}) "
                     f"exceeds --memory-tokens ({self.config.memory_tokens}) "
                     f"in blocks of {self.config.block_size}",
                 )
+            try:
+                self._flow(request)
+            except ConfigError as error:
+                raise ConfigError(f"{name}: band", error.problem) from None
 
     # ------------------------------------------------------------------ EngineListener
 

@@ -14,12 +14,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from fairpool.api.inference_pool import InferencePoolSpec
-from fairpool.api.manifests import load_manifests, load_tenant_quotas
-from fairpool.api.tenant_quota import tenant_weights
+from fairpool.api.manifests import load_manifests
+from fairpool.api.tenant_quota import tenant_shares
 from fairpool.front import tokens_for_chars
-from fairpool.sched.cost import TenantWeights
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.registry import make_policy
+from fairpool.sched.tree import Shares
 from fairpool.sim.fleet import ClosedLoop, Fleet, FleetConfig
 from fairpool.sim.profiles import get_profile
 from fairpool.sim.trace import TraceRequest, read_trace, write_trace
@@ -52,9 +52,10 @@ class SimulationOptions:
     replica_traffic: str | None = None
 
 
-def load_requests(options: SimulationOptions) -> list[TraceRequest]:
+def load_requests(options: SimulationOptions, shares: Shares | None = None) -> list[TraceRequest]:
     """The requests of a trace or a generated workload; none for closed-loop clients,
-    which send theirs as the run goes."""
+    which send theirs as the run goes. With `shares` (the tenants' bands), a trace line
+    asking a band above its tenant's is refused naming the line."""
     sources = [options.trace is not None, options.workload is not None, bool(options.clients)]
     if sum(sources) != 1:
         raise ConfigError(
@@ -69,7 +70,7 @@ def load_requests(options: SimulationOptions) -> list[TraceRequest]:
     if options.trace is not None:
         if options.workload_params:
             raise ConfigError("--workload-param", "only applies to --workload")
-        return read_trace(options.trace)
+        return read_trace(options.trace, shares)
     from fairpool.sim.workloads import generate
 
     assert options.workload is not None
@@ -85,28 +86,34 @@ def simulate(
     options: SimulationOptions,
     requests: list[TraceRequest],
     progress: Callable[[float], None] | None = None,
+    config: FleetConfig | None = None,
 ) -> tuple[Fleet, dict[str, Any]]:
-    """Run the fleet; returns it and the summary in the `--json` format."""
-    config = fleet_config(options)
-    fleet = Fleet(config, seed=options.seed)
+    """Run the fleet (`config`, else the one `options` describe); returns it and the
+    summary in the `--json` format."""
+    fleet = Fleet(config or fleet_config(options), seed=options.seed)
     fleet.run(requests, duration=options.duration, progress=progress, clients=options.clients)
     return fleet, fleet.summary()
 
 
 def fleet_config(options: SimulationOptions) -> FleetConfig:
-    """The fleet `options` describe: the profile's engines; tenants' weights and hard
-    limits from TenantQuota YAML; the pool's scheduler, routing (the gateway's saturation
-    thresholds, fair queue and timeout included) and replicas from an InferencePool
-    manifest; and flags given explicitly over both."""
+    """The fleet `options` describe: the profile's engines; tenants' weights, groups, bands
+    and hard limits from TenantQuota and TenantGroup YAML; the pool's scheduler (its bands'
+    minimum shares included), routing (the gateway's saturation thresholds, fair queue and
+    timeout included) and replicas from an InferencePool manifest; and flags given
+    explicitly over both."""
     profile = get_profile(options.profile)
-    quotas = load_tenant_quotas(options.tenants) if options.tenants else []
+    tenants = load_manifests(options.tenants, option="--tenants") if options.tenants else None
+    quotas = tenants.quotas if tenants is not None else []
+    pool = load_pool(options.pool) if options.pool is not None else None
+    bands = pool.scheduler.bands.by_band() if pool is not None else None
+    groups = tenants.groups if tenants is not None else []
     settings: dict[str, Any] = {
-        "weights": TenantWeights(tenant_weights(quotas)),
+        "weights": tenant_shares(quotas, groups, bands),
         "limits": {quota.tenant: quota.spec.limits for quota in quotas},
         "rpm_limit": options.rpm_limit,
     }
-    if options.pool is not None:
-        settings.update(pool_settings(load_pool(options.pool)))
+    if pool is not None:
+        settings.update(pool_settings(pool))
     explicit = {
         "workers": options.workers,
         "policy": options.policy,
@@ -168,6 +175,7 @@ def pool_settings(spec: InferencePoolSpec) -> dict[str, Any]:
         "queue_policy": routing.queue_policy,
         "queue_timeout": routing.queue_timeout_seconds,
         "wait_for_workers": routing.wait_for_workers,
+        "max_model_len": spec.model.max_model_len,
     }
 
 
@@ -178,7 +186,8 @@ def run_command(
     write_trace_out: str | None,
     console: Console,
 ) -> dict[str, Any]:
-    requests = load_requests(options)
+    config = fleet_config(options)
+    requests = load_requests(options, Shares.of(config.weights))
     if not requests and not options.clients:
         raise ConfigError("--trace", "the trace has no requests")
     if write_trace_out and options.clients:
@@ -187,7 +196,7 @@ def run_command(
         write_trace(requests, write_trace_out)
     horizon = options.duration or max(request.t for request in requests)
     with _LazyProgress(horizon) as progress:
-        fleet, summary = simulate(options, requests, progress.update)
+        fleet, summary = simulate(options, requests, progress.update, config)
     console.print(summary_table(options, fleet.config, summary))
     if json_out:
         Path(json_out).write_text(json.dumps(summary, indent=2) + "\n")
@@ -203,55 +212,77 @@ def run_command(
 def summary_table(
     options: SimulationOptions, config: FleetConfig, summary: dict[str, Any]
 ) -> Table:
+    """Per tenant (and per band, for a tenant with requests in several): its service, its
+    share of all the service, its entitled share and the ratio of what it got while
+    backlogged to that, its TTFT and backlogged time (hang-ups where there were any); the
+    fleet's figures in the caption. Everything else is in the `--json` summary."""
     source = options.trace or options.workload or "closed-loop clients"
     title = (
         f"{source}: {config.workers} worker(s), policy {config.policy}, "
         f"router {config.router}, profile {options.profile}"
     )
-    table = Table(title=title, title_justify="left")
-    columns = (
-        "tenant",
-        "requests",
-        "done",
-        "service",
-        "share",
-        "TTFT p50",
-        "TTFT p99",
-        "latency p50",
-        "latency p99",
-        "backlogged",
-    )
-    for column in columns:
-        table.add_column(column, justify="left" if column == "tenant" else "right")
+    table = Table(title=title, title_justify="left", show_edge=False)
     total = sum(t["service"] for t in summary["tenants"].values()) or 1.0
-    for name, tenant in summary["tenants"].items():
-        table.add_row(
-            name,
-            str(tenant["requests"]),
-            str(tenant["finished"]),
-            f"{tenant['service']:,.0f}",
-            f"{tenant['service'] / total:.0%}",
-            _seconds(tenant["ttft_p50"]),
-            _seconds(tenant["ttft_p99"]),
-            _seconds(tenant["latency_p50"]),
-            _seconds(tenant["latency_p99"]),
-            f"{tenant['backlogged_s']:.0f}s",
-        )
+    cells: dict[str, Callable[[dict[str, Any]], str]] = {
+        "requests": lambda f: str(f["requests"]),
+        "done": lambda f: str(f["finished"]),
+        "hung up": lambda f: str(f["hung_up"]),
+        "service": lambda f: f"{f['service']:,.0f}",
+        "share": lambda f: f"{f['service'] / total:.0%}",
+        "entitled": lambda f: _percent(f["entitled_share"]),
+        "ratio": lambda f: "—" if f["share_ratio"] is None else f"{f['share_ratio']:.2f}",
+        "TTFT p50": lambda f: _seconds(f["ttft_p50"]),
+        "TTFT p99": lambda f: _seconds(f["ttft_p99"]),
+        "backlogged": lambda f: f"{f['backlogged_s']:.0f}s",
+    }
+    if not summary["hung_up"]:
+        del cells["hung up"]
+    rows = [
+        (label, figures)
+        for name, tenant in summary["tenants"].items()
+        for label, figures in [
+            (name, tenant),
+            *((f" @{band}", by_band) for band, by_band in tenant.get("bands", {}).items()),
+        ]
+    ]
+    table.add_column("tenant")
+    for column in cells:  # two-word headings on two lines: the table fits in 110 columns
+        table.add_column(column.replace(" ", "\n"), justify="right")
+    for label, figures in rows:
+        table.add_row(label, *(cell(figures) for cell in cells.values()))
+    table.caption = _caption(summary)
+    table.caption_justify = "left"
+    return table
+
+
+def _caption(summary: dict[str, Any]) -> str:
+    """The fleet's figures: throughput, cache, Jain, the gap between tenants backlogged
+    anywhere (the headline), the gap between tenants backlogged on every worker with the
+    theorem's bound (it bounds only that one), the worst share ratio, the quanta."""
     bound = summary["fairness_bound"]
-    table.caption = (
+    worst = summary["worst_share_ratio"]
+    return (
         f"{summary['duration_s']:.0f} s · {summary['throughput_tokens_per_s']:,.0f} tok/s "
         f"({summary['output_tokens_per_s']:,.0f} out) · cache hits "
         f"{summary['cache_hit_rate']:.0%} · Jain {summary['jain_index']:.3f} · "
-        f"backlogged gap {summary['max_fully_backlogged_service_gap']:,.0f}"
+        f"backlogged gap {summary['max_backlogged_service_gap']:,.0f} · on every worker "
+        f"{summary['max_fully_backlogged_service_gap']:,.0f}"
         + (f" (bound {bound:,.0f})" if bound is not None else " (no bound)")
+        + (
+            f" · worst ratio {worst:.2f} ({summary['worst_share_ratio_tenant']})"
+            if worst is not None
+            else ""
+        )
         + "".join(
             f" · {label} {summary[key]:,.0f}"
             for key, label in (("quantum", "Q"), ("worker_quantum", "Q^w"))
             if summary.get(key) is not None
         )
     )
-    table.caption_justify = "left"
-    return table
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
 
 
 def _seconds(value: float | None) -> str:

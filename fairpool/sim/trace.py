@@ -15,6 +15,12 @@
 - `max_tokens` (optional): what the client asked for; length predictors may use it.
   Defaults to `output_tokens`; must not be smaller.
 - `slo` (optional): `{"ttft": seconds, "tbt": seconds}`.
+- `output_segment` (optional): the name the request's output takes as a segment.
+- `band` (optional): the priority band the request asks to run in (`interactive`,
+  `standard`, `batch`), only ever below its tenant's; absent: its tenant's band.
+- `cancel_after` (optional): seconds after its arrival at which its client hangs up
+  (absent: never); `stream` (optional, default true): whether its answer is streamed,
+  which decides what a hang-up is charged (`fairpool.front.charges`).
 
 Bad lines raise `TraceError` naming the line and the field; nothing is half-loaded.
 """
@@ -32,6 +38,7 @@ from typing import Any, TextIO
 from fairpool.api.tenant_quota import tenant_id
 from fairpool.sched.errors import ConfigError
 from fairpool.sched.requests import SLO
+from fairpool.sched.tree import BAND_NAMES, Shares, flow
 
 Segment = tuple[str | None, int]
 
@@ -52,10 +59,22 @@ class TraceRequest:
     #: with this segment hits the generated tokens in the prefix cache (a tree of
     #: thoughts' child, a chat's next turn).
     output_segment: str | None = None
+    #: The band it asks to run in, below its tenant's (None: its tenant's).
+    band: str | None = None
+    #: Seconds after `t` at which its client hangs up (None: it waits for the answer).
+    cancel_after: float | None = None
+    #: Whether its answer is streamed: a hang-up is charged what the stream delivered;
+    #: one of an answer not streamed, its whole output reservation.
+    stream: bool = True
 
     @property
     def prompt_tokens(self) -> int:
         return sum(length for _, length in self.segments)
+
+    def flow(self, shares: Shares) -> str:
+        """The flow it runs in under `shares` (`fairpool.sched.tree.flow`): ConfigError
+        if it asks a band above its tenant's."""
+        return flow(self.tenant, self.band, shares.tenant_band(self.tenant))
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -73,18 +92,38 @@ class TraceRequest:
             }
         if self.output_segment is not None:
             record["output_segment"] = self.output_segment
+        if self.band is not None:
+            record["band"] = self.band
+        if self.cancel_after is not None:
+            record["cancel_after"] = round(self.cancel_after, 6)
+        if not self.stream:
+            record["stream"] = False
         return record
 
 
-def parse_request(record: object, where: str = "request") -> TraceRequest:
-    """One trace record (a decoded JSON object) → TraceRequest, or TraceError."""
+def parse_request(
+    record: object, where: str = "request", shares: Shares | None = None
+) -> TraceRequest:
+    """One trace record (a decoded JSON object) → TraceRequest, or TraceError. With
+    `shares`, a band above the tenant's is refused here, naming `where`."""
 
     def fail(field: str, problem: str) -> TraceError:
         return TraceError(f"{where}: {field}", problem)
 
     if not isinstance(record, dict):
         raise fail("record", f"must be a JSON object, got {type(record).__name__}")
-    fields = {"t", "tenant", "segments", "output_tokens", "max_tokens", "slo", "output_segment"}
+    fields = {
+        "t",
+        "tenant",
+        "segments",
+        "output_tokens",
+        "max_tokens",
+        "slo",
+        "output_segment",
+        "band",
+        "cancel_after",
+        "stream",
+    }
     unknown = set(record) - fields
     if unknown:
         raise fail(sorted(unknown)[0], "unknown field")
@@ -125,17 +164,49 @@ def parse_request(record: object, where: str = "request") -> TraceRequest:
     output_segment = record.get("output_segment")
     if output_segment is not None and (not isinstance(output_segment, str) or not output_segment):
         raise fail("output_segment", f"must be a non-empty string or null, got {output_segment!r}")
-    return TraceRequest(float(t), tenant, tuple(segments), output, max_tokens, slo, output_segment)
+    band = record.get("band")
+    if band is not None and band not in BAND_NAMES:
+        raise fail("band", f"must be one of {', '.join(BAND_NAMES)}, got {band!r}")
+    cancel_after = record.get("cancel_after")
+    if cancel_after is not None and (
+        isinstance(cancel_after, bool)
+        or not isinstance(cancel_after, int | float)
+        or not cancel_after >= 0
+    ):
+        raise fail("cancel_after", f"must be a number of seconds >= 0, got {cancel_after!r}")
+    stream = record.get("stream", True)
+    if not isinstance(stream, bool):
+        raise fail("stream", f"must be true or false, got {stream!r}")
+    request = TraceRequest(
+        float(t),
+        tenant,
+        tuple(segments),
+        output,
+        max_tokens,
+        slo,
+        output_segment,
+        band,
+        None if cancel_after is None else float(cancel_after),
+        stream,
+    )
+    if shares is not None:
+        try:
+            request.flow(shares)
+        except ConfigError as error:
+            raise fail("band", error.problem) from None
+    return request
 
 
-def read_trace(source: str | Path | TextIO) -> list[TraceRequest]:
-    """All requests of a JSON-lines trace, sorted by arrival. Blank lines are skipped."""
+def read_trace(source: str | Path | TextIO, shares: Shares | None = None) -> list[TraceRequest]:
+    """All requests of a JSON-lines trace, sorted by arrival. Blank lines are skipped.
+    With `shares` (the tenants' bands), a request asking a band above its tenant's is
+    refused naming its line."""
     if isinstance(source, str | Path):
         path = Path(source)
         if not path.exists():
             raise TraceError("--trace", f"no such file: {path}")
         with path.open() as handle:
-            return read_trace(handle)
+            return read_trace(handle, shares)
     requests = []
     for number, line in enumerate(source, start=1):
         if not line.strip():
@@ -144,7 +215,7 @@ def read_trace(source: str | Path | TextIO) -> list[TraceRequest]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise TraceError(f"line {number}", f"not valid JSON: {error.msg}") from None
-        requests.append(parse_request(record, where=f"line {number}"))
+        requests.append(parse_request(record, f"line {number}", shares))
     return sorted(requests, key=lambda request: request.t)
 
 

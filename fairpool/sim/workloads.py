@@ -25,6 +25,7 @@ import inspect
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from fairpool.sched.errors import (
     ConfigError,
@@ -654,6 +655,8 @@ def lmsys_like(
     tenants: int = 1,
     max_prompt_tokens: int = 2048,
     max_output_tokens: int = 2048,
+    hang_up: float = 0.0,
+    patience: float = 10.0,
 ) -> list[TraceRequest]:
     """[KV] numerical experiments, Fig. 6 (length histograms): LMSYS-Chat-1M-like single questions.
 
@@ -662,20 +665,31 @@ def lmsys_like(
     counts, prompt mean 40.62 and median 11, output mean 85.32 and median 45; we draw
     lognormals with those medians and means (sigma about 1.62 and 1.13), capped, and use
     them as token counts as the paper does. Each request goes to one of `tenants`
-    tenants u0, u1, ... at random (the paper has a single queue)."""
+    tenants u0, u1, ... at random (the paper has a single queue).
+
+    Chat users give up: a fraction `hang_up` of the requests (none by default; the paper
+    has no hang-ups) have a client that leaves after an exponential time of mean
+    `patience` seconds (our choice), streamed, as chat answers are. These are drawn from a
+    stream of their own, so the requests are the same whatever `hang_up` is."""
     span = _check_common(duration, seed)
     per_s = require_positive("rate", rate)
     count = require_count("tenants", tenants, minimum=1)
     prompt_cap = require_count("max_prompt_tokens", max_prompt_tokens, minimum=1)
     output_cap = require_count("max_output_tokens", max_output_tokens, minimum=1)
-    rng = stream(seed, "lmsys")
+    leaving = _fraction("hang_up", hang_up)
+    mean_wait = require_positive("patience", patience)
+    rng, impatience = stream(seed, "lmsys"), stream(seed, "lmsys", "hang-up")
     prompt_sigma, output_sigma = sigma_for_mean(11, 40.62), sigma_for_mean(45, 85.32)
     requests = []
     for time in poisson_arrivals(per_s, 0.0, span, rng):
         tenant = f"u{rng.randrange(count)}"
         prompt = lognormal_length(rng, 11, prompt_sigma, prompt_cap)
         output = lognormal_length(rng, 45, output_sigma, output_cap)
-        requests.append(_request(time, tenant, [(None, prompt)], output))
+        request = _request(time, tenant, [(None, prompt)], output)
+        if impatience.random() < leaving:
+            cancel_after = round(impatience.expovariate(1.0 / mean_wait), 6)
+            request = replace(request, cancel_after=cancel_after)
+        requests.append(request)
     return _finish(requests, span)
 
 

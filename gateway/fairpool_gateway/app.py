@@ -43,6 +43,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from fairpool.api.gateway_config import GatewayTenant
 from fairpool.front import CLIENT_CLOSED, Flight, FrontRequest, NoWorker, Outcome, Rejection
+from fairpool.front.charges import output_reservation
+from fairpool.sched.tree import BAND_NAMES
 from fairpool_gateway.admin_auth import AdminAuth, authenticated
 from fairpool_gateway.body import check_shape, parse_body, prepare
 from fairpool_gateway.budget import Holding
@@ -74,9 +76,11 @@ T = TypeVar("T")
 log = logging.getLogger("fairpool.gateway")
 REQUEST_ID = "x-request-id"
 GATEWAY_REQUEST_ID = "x-fairpool-request-id"
-#: Output reserved against tokens per minute for a request that sets no output limit, in a
-#: pool that does not say its model's context (`maxModelLen`).
-DEFAULT_OUTPUT_RESERVATION = 4096
+#: The band a request asks to run in (only below its tenant's), and the one it ran in.
+BAND = "x-fairpool-band"
+#: The Gateway API Inference Extension's objective header: a band's name, or an
+#: InferenceObjective-style priority (above 0 interactive, 0 standard, below 0 batch).
+OBJECTIVE = "x-gateway-inference-objective"
 
 
 # ---------------------------------------------------------------------- tenant API
@@ -173,6 +177,7 @@ class Exchange:
     arrival: float
     client: str  # the client's address
     tenant: GatewayTenant | None = None
+    band: str | None = None  # the band it asked for (below its tenant's); None: the tenant's
     holding: Holding | None = None  # its bytes in flight (body, then answer)
     body_bytes: int = 0  # of those, the body's, until the engine has it
     body_read: int = 0  # bytes of body read (what a refusal of it cost)
@@ -184,12 +189,15 @@ class Exchange:
 
     @property
     def answer_headers(self) -> dict[str, str]:
-        """The request ids an answer carries: the client's echoed (ours if it sent none),
-        and ours."""
-        return {
+        """The request ids an answer carries — the client's echoed (ours if it sent none),
+        and ours — and, once known, the band it runs in."""
+        headers = {
             REQUEST_ID: self.client_request_id or self.request_id,
             GATEWAY_REQUEST_ID: self.request_id,
         }
+        if self.flight is not None:
+            headers[BAND] = self.flight.band
+        return headers
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -257,6 +265,7 @@ async def serve_request(exchange: Exchange, request: Request, endpoint: Endpoint
         exchange.tenant = gateway.tenants.authenticate(request.headers.get("authorization"))
         if gateway.refusals.storming(exchange.tenant.tenant):
             raise refusals_damped()
+        exchange.band = requested_band(request, exchange.tenant)
         exchange.holding = gateway.bytes_in_flight.holding(exchange.tenant.tenant)
         gateway.limiter.check(exchange.tenant.tenant, exchange.tenant.limits)
         raw = await read_body(
@@ -274,6 +283,7 @@ async def serve_request(exchange: Exchange, request: Request, endpoint: Endpoint
             endpoint,
             exchange.tenant.tenant,
             share_cache=exchange.pool.spec.routing.share_cache_across_tenants,
+            band=exchange.band,
         )
         del document  # a queued request keeps only what it still needs
     except Rejection as rejection:  # the limiter's check, before the body
@@ -284,6 +294,43 @@ async def serve_request(exchange: Exchange, request: Request, endpoint: Endpoint
         return Response(status_code=CLIENT_CLOSED)
     response = await unless_client_leaves(request.receive, settled_on_every_path(exchange))
     return response or Response(status_code=CLIENT_CLOSED)
+
+
+def requested_band(request: Request, tenant: GatewayTenant) -> str | None:
+    """The band the request asks to run in (`x-fairpool-band`, or the Inference
+    Extension's objective header), read only now that its key is known; None for its
+    tenant's own. A request may ask a lower band than its tenant's (an interactive
+    tenant's batch job), never a higher one: a 400 naming the header."""
+    header = BAND if BAND in request.headers else OBJECTIVE
+    asked = request.headers.get(header)
+    if asked is None:
+        return None
+    band = band_named(asked.strip().lower())
+    if band is None:
+        raise bad_request(
+            f"{header}: {asked[:40]!r} is not a band (interactive, standard, batch) or a "
+            "priority (an integer)",
+            header,
+        )
+    own = tenant.slo.slo_class
+    if BAND_NAMES.index(band) < BAND_NAMES.index(own):
+        raise bad_request(
+            f"{header}: {band!r} is above this key's band {own!r}; a request may only ask a "
+            "lower one",
+            header,
+        )
+    return None if band == own else band
+
+
+def band_named(value: str) -> str | None:
+    """A band by its name, or by an InferenceObjective-style priority; None if neither."""
+    if value in BAND_NAMES:
+        return value
+    try:
+        priority = int(value)
+    except ValueError:
+        return None
+    return "interactive" if priority > 0 else "standard" if priority == 0 else "batch"
 
 
 def refusals_damped() -> GatewayError:
@@ -324,20 +371,12 @@ async def settled_on_every_path(exchange: Exchange) -> Response:
 
 
 def client_left(exchange: Exchange) -> Outcome:
-    """What a request whose client left before its answer is charged. A non-streamed
-    request sent to a worker is charged its whole output reservation: the gateway cannot
-    see what the engine produced before it aborted, and charging less would let a tenant
-    slip past its limits by hanging up. A stream is charged what was observed of it (none
-    of it, if it had not started), and a request never sent nothing."""
+    """What a request whose client left before its answer is charged: the core's rule
+    (`Flight.left_by_client`)."""
     flight, parsed = exchange.flight, exchange.parsed
-    if flight is None or parsed is None or flight.settled:
+    if flight is None or parsed is None:
         return Outcome(CLIENT_CLOSED, reason="client_closed")
-    if exchange.sent and not parsed.stream:
-        reserved = flight.request.output_limit or 0
-        return Outcome(CLIENT_CLOSED, reason="client_closed", output_tokens=reserved)
-    if flight.decision is not None and not exchange.sent:
-        flight.undispatch()  # routed, never sent: nothing served
-    return Outcome(CLIENT_CLOSED, reason="client_closed")
+    return flight.left_by_client(exchange.sent, parsed.stream)
 
 
 async def admit_and_forward(exchange: Exchange) -> Response:
@@ -349,9 +388,15 @@ async def admit_and_forward(exchange: Exchange) -> Response:
         tenant.tenant,
         parsed.key,
         parsed.estimated_input_tokens,
-        output_reservation(parsed, pool),
+        output_reservation(
+            parsed.output_limit,
+            parsed.choices,
+            parsed.estimated_input_tokens,
+            pool.spec.max_model_len,
+        ),
         tenant.limits,
         arrival=exchange.arrival,
+        band=exchange.band,
     )
     shared = exchange.gateway.shared
     try:
@@ -381,23 +426,6 @@ async def reserve_shared(shared: SharedLimiter, pool: Pool, request: FrontReques
     except Rejection as rejection:
         pool.front.tell_rejected(request, rejection)
         raise
-
-
-def output_reservation(parsed: ParsedRequest, pool: Pool) -> int:
-    """The output a request may produce, reserved against its tenant's tokens per minute
-    until the engine reports what it produced: its output limit (for each answer it asks
-    for), never more than the model's context leaves after the prompt when the pool says
-    its context (`maxModelLen`: the engine stops there, whatever `max_tokens` says); when
-    the request sets no limit, what the context leaves (DEFAULT_OUTPUT_RESERVATION when the
-    pool does not say)."""
-    limit = parsed.output_limit
-    context = pool.spec.max_model_len
-    room = None if context is None else max(context - parsed.estimated_input_tokens, 1)
-    if limit is None:
-        limit = DEFAULT_OUTPUT_RESERVATION if room is None else room
-    elif room is not None:
-        limit = min(limit, room)
-    return limit * parsed.choices
 
 
 def limit_error(rejection: Rejection) -> GatewayError:

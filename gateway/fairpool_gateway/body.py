@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from fairpool.api.gateway_config import ClientLimits
-from fairpool.api.scheduler_config import TENANT_XARG, XARG_PREFIX
+from fairpool.api.scheduler_config import BAND_XARG, TENANT_XARG, XARG_PREFIX
 from fairpool_gateway.protocol import (
     Endpoint,
     GatewayError,
@@ -183,6 +183,7 @@ def prepare(
     endpoint: Endpoint,
     tenant: str,
     share_cache: bool,
+    band: str | None = None,
 ) -> ParsedRequest:
     """What the gateway keeps of a validated request: the engine's body, and what
     admission and routing need. Unless the pool shares its prefix cache across tenants,
@@ -192,7 +193,7 @@ def prepare(
     ask_for_usage = stream and endpoint.stream is not None and endpoint.stream.asks_for_usage
     salt = None if share_cache else cache_salt(tenant, document.get("cache_salt"))
     prompt = request.prompt_text()
-    upstream = upstream_body(document, tenant, ask_for_usage, salt)
+    upstream = upstream_body(document, tenant, ask_for_usage, salt, band)
     return ParsedRequest(
         endpoint=endpoint,
         upstream=upstream,
@@ -235,19 +236,26 @@ def choices(document: dict[str, Any]) -> int:
 
 
 def upstream_body(
-    document: dict[str, Any], tenant: str, ask_for_usage: bool, cache_salt: str | None
+    document: dict[str, Any],
+    tenant: str,
+    ask_for_usage: bool,
+    cache_salt: str | None,
+    band: str | None = None,
 ) -> bytes:
     """The body for the engine: the client's, with the tenant tag (replacing any
-    `fairpool_*` the client sent, so nobody can speak for another tenant), the tenant's
-    cache salt where caches are kept apart, and, where the stream needs asking, the usage
-    chunk requested. `vllm_xargs` and `stream_options` are objects (the request models
-    checked). A 400 naming the field if some text is not valid Unicode."""
+    `fairpool_*` the client sent, so nobody can speak for another tenant) and the band it
+    runs in when below its tenant's, the tenant's cache salt where caches are kept apart,
+    and, where the stream needs asking, the usage chunk requested. `vllm_xargs` and
+    `stream_options` are objects (the request models checked). A 400 naming the field if
+    some text is not valid Unicode."""
     xargs = {
         key: value
         for key, value in (document.get("vllm_xargs") or {}).items()
         if not str(key).startswith(XARG_PREFIX)
     }
     xargs[TENANT_XARG] = tenant
+    if band is not None:
+        xargs[BAND_XARG] = band
     body = {**document, "vllm_xargs": xargs}
     if cache_salt is not None:
         body["cache_salt"] = cache_salt

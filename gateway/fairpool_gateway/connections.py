@@ -14,8 +14,8 @@ connections so holds at most its own share, and every other client is served.
 **Deadlines.** A new connection must start its request within `idleTimeout` seconds, a
 kept-alive one its next request within `keepAliveTimeout` of its previous answer (longer:
 clients keep pooled connections for seconds, and one closed under a request about to be
-sent fails it), and either must send its whole headers within `headerTimeout`; it is reset
-otherwise. A client that connects and sends
+sent fails it), and a request its whole headers within `headerTimeout` of its first byte;
+the connection is reset otherwise. A client that connects and sends
 nothing, or trickles its headers, holds its slot for seconds, not for as long as it likes.
 
 **Send buffers.** Each tenant connection's kernel send buffer is fixed at
@@ -145,7 +145,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     ports: Ports  # set by `configured`
     idle_timeout = 3.0
-    keep_alive_timeout = 5.0
+    keep_alive_timeout = 30.0
     header_timeout = 10.0
     send_buffer: int | None = None
 
@@ -155,7 +155,6 @@ class GuardedProtocol(HttpToolsProtocol):
         self._budget: ConnectionBudget | None = None  # set while counted
         self._address = ""
         self._handle = Connection(self)
-        self._waiting_since = 0.0  # when the deadlines of the next request started
 
     @classmethod
     def configured(
@@ -214,9 +213,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope[SCOPE_KEY] = self._handle  # type: ignore[literal-required]
-        # The request has started: its headers get what is left of `header_timeout`.
-        left = self._waiting_since + self.header_timeout - self.loop.time()
-        self._arm(max(left, 0.001))
+        self._arm(self.header_timeout)  # the request has started: now its headers
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -230,8 +227,7 @@ class GuardedProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------------ deadlines
 
     def _await_request(self, idle: float) -> None:
-        self._waiting_since = self.loop.time()
-        self._arm(min(idle, self.header_timeout))
+        self._arm(idle)
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

@@ -59,7 +59,7 @@ class Gateway:
         # in Redis when `sharedState` says where (fixed at start, not reloaded).
         self.shared: SharedLimiter | None = None
         self.limiter: Limiter = TenantLimiter()
-        self.ledger = RequestLedger(self.metrics)
+        self.ledger = RequestLedger(self.metrics, self._ttft_target)
         #: What every pool's front tells (one list, shared by all pools): the metrics and
         #: log first; more may be added while the gateway runs.
         self.listeners: list[FrontListener] = [self.ledger]
@@ -152,7 +152,6 @@ class Gateway:
         )
 
     def _apply_pools(self, config: GatewayConfig) -> None:
-        weights = self.tenants.weights()
         wanted = {spec.name: spec for spec in config.pools}
         for name in list(self.pools):
             pool = self.pools[name]
@@ -162,11 +161,12 @@ class Gateway:
                 stopping.add_done_callback(self._stopping.discard)
                 del self.pools[name]
         for name, spec in wanted.items():
+            shares = config.shares(name)  # the pool's tenants, groups and bands
             if name not in self.pools:
                 pool = Pool(
                     spec,
                     config,
-                    weights,
+                    shares,
                     self.limiter,
                     self.listeners,
                     self.health_client,
@@ -174,7 +174,7 @@ class Gateway:
                 )
                 pool.start()
                 self.pools[name] = pool
-            self.pools[name].set_weights(weights)
+            self.pools[name].set_weights(shares)
         self._by_model = {pool.spec.model: pool for pool in self.pools.values()}
 
     async def _watch_config(self) -> None:
@@ -201,6 +201,10 @@ class Gateway:
     def _admin_connection_limits(self) -> ConnectionLimits:
         admin = self.config.admin
         return ConnectionLimits(admin.max_connections, admin.max_connections_per_client)
+
+    def _ttft_target(self, tenant: str) -> float | None:
+        spec = self.tenants.tenants.get(tenant)
+        return None if spec is None else spec.slo.ttft_seconds
 
     def _storms(self) -> Storms:
         clients = self.config.clients

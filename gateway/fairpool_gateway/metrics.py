@@ -109,6 +109,20 @@ class GatewayMetrics:
             ("pool",),
             registry=self.registry,
         )
+        self.bands = Counter(
+            "fairpool_gateway_band_requests",
+            "Requests answered, by the priority band they ran in (their tenant's, or a lower "
+            "one they asked for) and HTTP status.",
+            (*labels, "band", "status"),
+            registry=self.registry,
+        )
+        self.ttft_missed = Counter(
+            "fairpool_gateway_ttft_deadline_misses",
+            "Answered requests whose first token came later than their tenant's "
+            "slo.ttftSeconds (counted, never reordered past the fair order).",
+            (*labels, "band"),
+            registry=self.registry,
+        )
         self.shared_state_ignored = Counter(
             "fairpool_gateway_shared_state_ignored",
             "Entries read from the shared state and ignored as no replica's (forged or "
@@ -252,9 +266,14 @@ class _StateCollector(Collector):
 class RequestLedger(FrontListener):
     """Records every request's end in the metrics and the log."""
 
-    def __init__(self, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        ttft_target: Callable[[str], float | None] = lambda tenant: None,
+    ) -> None:
         self.metrics = metrics
         self.refusal_log = SampledLog()
+        self.ttft_target = ttft_target  # tenant → its slo.ttftSeconds
 
     def refused(
         self, request_id: str | None, tenant: str, pool: str, status: int, reason: str
@@ -303,12 +322,16 @@ class RequestLedger(FrontListener):
             tokens.labels(tenant, pool, "cached").inc(settlement.cached_tokens)
             tokens.labels(tenant, pool, "completion").inc(settlement.completion_tokens)
             self.metrics.service.labels(tenant, pool).inc(settlement.service)
+        self.metrics.bands.labels(tenant, pool, settlement.band, str(status)).inc()
         if settlement.worker is not None and status < 400:
             elapsed = settlement.finished_at - settlement.arrival
             self.metrics.latency.labels(tenant, pool).observe(elapsed)
             if settlement.first_token_at is not None:
                 ttft = settlement.first_token_at - settlement.arrival
                 self.metrics.ttft.labels(tenant, pool).observe(ttft)
+                target = self.ttft_target(tenant)
+                if target is not None and ttft > target:
+                    self.metrics.ttft_missed.labels(tenant, pool, settlement.band).inc()
         log.info(
             "request done",
             extra={

@@ -5,14 +5,11 @@ each bind the tenant port with SO_REUSEPORT, and the kernel spreads new connecti
 them. Each process is a replica of the gateway in every respect:
 
 - with `sharedState`, hard limits, the fleet's service record, D2LPM's deficits and the
-  fair queues (their order and, without fair engines, `maxOutstanding`) are shared as
-  between pods, and each process counts as a replica for the fallback (`replicas` × N);
+  fair queues (their order and `maxOutstanding`) are shared as between pods, and each
+  process counts as a replica for the fallback (`replicas` × N);
 - without it, each process keeps its limits in memory divided by N (the fallback's rule),
-  so the processes together stay near the limits;
-- where no shared count covers it (no `sharedState`, or fair engines, which keep the cap
-  per replica), each keeps `maxOutstanding` ÷ N (rounded up) per worker, so the engines
-  see what one process would send; with fair engines (`fairEngines`) the engines'
-  weights hold across the processes as across replicas (docs/gateway.md);
+  so the processes together stay near the limits, and `maxOutstanding` ÷ N (rounded up)
+  per worker, so the engines see what one process would send;
 - process i serves its admin API (metrics, tenant state, probes) on the admin port + i.
 
 The parent only supervises: SIGTERM or SIGINT has every process drain and stop, and
@@ -41,7 +38,7 @@ def config_for_worker(config: GatewayConfig, workers: int) -> GatewayConfig:
     shared = config.shared_state
     update: dict[str, object] = {
         "pools": [
-            _pool_part(pool, workers) if shared is None or pool.fair_engines else pool
+            _pool_part(pool, workers) if shared is None else pool  # shared: peers count
             for pool in config.pools
         ]
     }

@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 from fairpool.front import FrontListener, PoolFront, Settlement
 from fairpool.front.peers import REPORT_BYTES, HeardPeers, ReplicaState
 from fairpool.runtime import cancel_and_wait, wait_at_most
+from fairpool.sched.cost import tenant_of
 from fairpool.sched.errors import ConfigError
 from fairpool_gateway import heard
 from fairpool_gateway.heard import Untrusted
@@ -137,7 +138,7 @@ class SharedFronts(FrontListener):
         arguments = [
             "tell",
             STREAM_LENGTH,
-            *("replica", self.replica, "tenant", settlement.request.tenant),
+            *("replica", self.replica, "tenant", settlement.flow),
             *("worker", settlement.worker, "service", repr(min(settlement.service, most))),
         ]
         keys = [self.key(settlement.pool)]
@@ -190,7 +191,7 @@ class SharedFronts(FrontListener):
         replica's, 0 if this one's or ignored."""
         try:
             charge = heard.charge(fields, front.cost.most_service())
-            if self.tenants is not None and charge.tenant not in self.tenants():
+            if self.tenants is not None and tenant_of(charge.tenant) not in self.tenants():
                 raise Untrusted("charge", f"tenant {charge.tenant!r:.80} is not the gateway's")
         except Untrusted as error:
             self.shared.ignored.untrusted(error)

@@ -32,6 +32,7 @@ class Kind:
 
 POOL = Kind(f"{contract.GROUP}/{contract.VERSION}", "InferencePool", contract.POOL_PLURAL)
 TENANT = Kind(f"{contract.GROUP}/{contract.VERSION}", "TenantQuota", contract.TENANT_PLURAL)
+TENANT_GROUP = Kind(f"{contract.GROUP}/{contract.VERSION}", "TenantGroup", contract.GROUP_PLURAL)
 DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
 SERVICE = Kind("v1", "Service", "services")
 CONFIGMAP = Kind("v1", "ConfigMap", "configmaps")
@@ -46,6 +47,7 @@ KINDS = {
     for kind in (
         POOL,
         TENANT,
+        TENANT_GROUP,
         DEPLOYMENT,
         SERVICE,
         CONFIGMAP,

@@ -11,11 +11,12 @@ import hashlib
 
 from fairpool import __version__
 
-#: The API group and version of InferencePool and TenantQuota.
+#: The API group and version of InferencePool, TenantQuota and TenantGroup.
 GROUP = "fairpool.io"
 VERSION = "v1alpha1"
 POOL_PLURAL = "inferencepools"
 TENANT_PLURAL = "tenantquotas"
+GROUP_PLURAL = "tenantgroups"
 
 #: The engine's OpenAI server, in every engine pod.
 ENGINE_PORT = 8000

@@ -1,10 +1,11 @@
 """`fairpool render -f FILE.yaml`: what the operator would create for the manifests in a
 file, without a cluster — the same planning and rendering functions, printed.
 
-Pools, tenants and key Secrets are read as the API would hold them: the CRDs' defaults
-filled in and unknown fields dropped (and reported: `kubectl apply` refuses them), no uid
-yet (owner references name the pool and show a placeholder uid). Problems the operator
-would put in a status condition are reported on stderr, naming the object and the field.
+Pools, tenants, tenant groups and key Secrets are read as the API would hold them: the
+CRDs' defaults filled in and unknown fields dropped (and reported: `kubectl apply` refuses
+them), no uid yet (owner references name the pool and show a placeholder uid). Problems
+the operator would put in a status condition are reported on stderr, naming the object and
+the field.
 Placement pools render their chains as LeaderWorkerSets only when asked (`--lws`: there is
 no cluster to ask), and those that discover their nodes read them from `--nodes FILE`.
 """
@@ -24,7 +25,7 @@ from fairpool.api.stored import pruned_fields, stored
 from fairpool_operator.config import OperatorConfig
 from fairpool_operator.plan import NamespacePlan, plan_namespace
 
-KINDS = ("InferencePool", "TenantQuota", "Secret")
+KINDS = ("InferencePool", "TenantQuota", "TenantGroup", "Secret")
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,13 @@ def render_files(
     documents = [document for path in paths for document in read_documents(Path(path))]
     pools = [doc for doc in documents if doc.get("kind") == "InferencePool"]
     quotas = [doc for doc in documents if doc.get("kind") == "TenantQuota"]
+    groups = [doc for doc in documents if doc.get("kind") == "TenantGroup"]
     secrets = {
         str(doc.get("metadata", {}).get("name")): doc
         for doc in documents
         if doc.get("kind") == "Secret"
     }
-    plan = plan_namespace(pools, quotas, secrets, config, nodes=nodes)
+    plan = plan_namespace(pools, quotas, secrets, config, nodes=nodes, groups=groups)
     return Rendering(plan.objects, unknown_fields(paths) + problems(plan))
 
 
@@ -66,6 +68,11 @@ def problems(plan: NamespacePlan) -> list[str]:
         f"TenantQuota {tenant.name}: {tenant.problem.message}"
         for tenant in plan.tenants
         if tenant.problem
+    ]
+    found += [
+        f"TenantGroup {group.name}: {group.problem.message}"
+        for group in plan.groups
+        if group.problem
     ]
     return found
 
@@ -90,8 +97,8 @@ _Dumper.add_representer(str, _string)
 
 
 def read_documents(path: Path) -> list[dict[str, Any]]:
-    """The InferencePool, TenantQuota and Secret documents of a (multi-document) YAML file,
-    as the API server would store them (`fairpool.api.stored`)."""
+    """The InferencePool, TenantQuota, TenantGroup and Secret documents of a (multi-document)
+    YAML file, as the API server would store them (`fairpool.api.stored`)."""
     return [
         stored(document)
         for _, document in manifest_documents(path)

@@ -1,6 +1,7 @@
 """The kopf handlers: each is one call into `runtime.Operator`; the work is in `reconcile`.
 
-- pools and tenants created, updated, resumed (operator start) or deleted: full reconcile;
+- pools, tenants and tenant groups created, updated, resumed (operator start) or deleted:
+  full reconcile;
 - a Secret a tenant names changes (a key rotated): full reconcile — only Secrets labelled
   `fairpool.io/api-keys: "true"` are watched (server-side) or read;
 - an engine Deployment or a chain's StatefulSet changes, or an engine pod (which also covers
@@ -9,7 +10,7 @@
   or one of the last three changed: full reconcile (it is recreated, or someone's edit
   reverted);
 - a timer on every tenant, every FAIRPOOL_SERVED_INTERVAL seconds (30): the gateway's served
-  numbers (fetched once for all tenants);
+  numbers (fetched once for all tenants, and written on the tenants and their groups);
 - a Node's labels, allocatable resources or schedulability changing (with the chart's
   rbac.readNodes; `node_changed`): a full reconcile, when a placement pool discovers nodes;
 - a thread of the operator's own (`runtime.Resync`), whatever exists: every 30 s, a full
@@ -25,7 +26,8 @@ when the pool's spec changes it. kopf keeps its own bookkeeping in annotations
 (`kopf.fairpool.io/…`), never in status, so the CRDs' status schemas need no room for it.
 Pools carry no finalizer: nothing has to run before one goes (owner references delete its
 objects; the reconcile its deletion triggers, or the next one, drops it from the gateway).
-Tenants carry kopf's finalizer `fairpool.io/kopf-finalizer`, which kopf adds for the timer.
+Tenants carry kopf's finalizer `fairpool.io/kopf-finalizer`, which kopf adds for the timer;
+tenant groups carry none.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from fairpool_operator.runtime import Operator, Resync
 
 POOLS = (contract.GROUP, contract.VERSION, contract.POOL_PLURAL)
 TENANTS = (contract.GROUP, contract.VERSION, contract.TENANT_PLURAL)
+GROUPS = (contract.GROUP, contract.VERSION, contract.GROUP_PLURAL)
 SERVED_INTERVAL = _seconds(os.environ, contract.SERVED_INTERVAL_ENV, 30.0)
 RETRY_DELAY = 10.0
 RESYNC_INTERVAL = 300.0
@@ -137,10 +140,18 @@ def tenant_changed(memo: kopf.Memo, **kwargs: Any) -> None:
     _reconcile(memo, kwargs)
 
 
+@kopf.on.resume(*GROUPS)
+@kopf.on.create(*GROUPS)
+@kopf.on.update(*GROUPS)
+def group_changed(memo: kopf.Memo, **kwargs: Any) -> None:
+    _reconcile(memo, kwargs)
+
+
 @kopf.on.event(*POOLS)
 @kopf.on.event(*TENANTS)
+@kopf.on.event(*GROUPS)
 def deleted(type: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """The reconcile recomputes the gateway's Secret and the weights from what exists."""
+    """The reconcile recomputes the gateway's Secret and the trees from what exists."""
     if type == "DELETED":
         _reconcile(memo, kwargs)
 
@@ -245,6 +256,7 @@ def _reconcile(memo: kopf.Memo, indexes: Mapping[str, Any] | None = None) -> Non
 CACHED: dict[str, tuple[tuple[str, str, str], Mapping[str, str] | None]] = {
     "InferencePool": (POOLS, None),
     "TenantQuota": (TENANTS, None),
+    "TenantGroup": (GROUPS, None),
     "Deployment": (("apps", "v1", "deployments"), OWN),
     "StatefulSet": (("apps", "v1", "statefulsets"), OWN),
     "Service": (("", "v1", "services"), OWN),

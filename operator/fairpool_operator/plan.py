@@ -1,12 +1,18 @@
-"""What a namespace should hold, from its pools, tenants and key Secrets: a pure function.
+"""What a namespace should hold, from its pools, tenants, tenant groups and key Secrets: a
+pure function.
 
-`plan_namespace` validates every InferencePool and TenantQuota (as the API holds them: the
-CRD schema cannot say "exactly one of path, pvc, hub" or "vllm needs model.source"), settles
-duplicates (the older object keeps a model name, a tenant id or an API key), reads each
-tenant's keys (from Secrets labelled `fairpool.io/api-keys: "true"` only),
-and renders every pool's objects and the gateway's Secret. Whatever is wrong becomes a
-`Problem` naming the field, for the object's status; nothing raises. The operator applies
-the plan; `fairpool render` prints it.
+`plan_namespace` validates every InferencePool, TenantQuota and TenantGroup (as the API holds
+them: the CRD schema cannot say "exactly one of path, pvc, hub" or "vllm needs
+model.source"), settles duplicates (the older object keeps a model name, a tenant id or an
+API key), reads each tenant's keys (from Secrets labelled `fairpool.io/api-keys: "true"`
+only), builds the fair order's tree of groups, and renders every pool's objects and the
+gateway's Secret. Whatever is wrong becomes a `Problem` naming the field, for the object's
+status; nothing raises. The operator applies the plan; `fairpool render` prints it.
+
+The tree is always one: a group whose parent does not exist (or is invalid), or that is in
+a cycle, is not Ready and is placed directly under its band until that is mended; a tenant
+whose group does not exist (or is invalid) stays Ready, directly under its band, with a
+note saying so — as a tenant naming a pool that does not exist yet.
 
 An invalid pool loses nothing it had: its objects are not rendered (so the ones running stay
 as they are) and its entry in the gateway's configuration, if it had one, is kept. A pool
@@ -41,7 +47,9 @@ from fairpool.api.inference_pool import InferencePool
 from fairpool.api.manifests import Manifests, Secret
 from fairpool.api.placement import NodeGroupSpec
 from fairpool.api.pool_plan import node_groups, pool_plan, spec_field
+from fairpool.api.shares import GroupShare
 from fairpool.api.status import InferencePoolStatus
+from fairpool.api.tenant_group import TenantGroup, fair_order, group_problems
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool.api.validation import validate
 from fairpool.placement.planner import PoolPlan as ChainPlan
@@ -89,11 +97,24 @@ class TenantPlan:
 
 
 @dataclass
+class GroupPlan:
+    """One TenantGroup: whether it is in the tree as it says, and what is under it."""
+
+    name: str
+    body: Mapping[str, Any]
+    group: TenantGroup | None  # None: invalid
+    problem: Problem | None = None  # the group is not Ready
+    groups: list[str] = field(default_factory=list)  # the groups directly under it
+    tenants: list[str] = field(default_factory=list)  # the tenants directly under it
+
+
+@dataclass
 class NamespacePlan:
     pools: list[DesiredPool]
     tenants: list[TenantPlan]
     gateway: GatewayConfig
     gateway_secret: Manifest
+    groups: list[GroupPlan] = field(default_factory=list)
 
     @property
     def objects(self) -> list[Manifest]:
@@ -108,21 +129,24 @@ def plan_namespace(
     config: OperatorConfig,
     previous_gateway: GatewayConfig | None = None,
     nodes: Sequence[Mapping[str, Any]] | None = None,
+    groups: Iterable[Mapping[str, Any]] = (),
 ) -> NamespacePlan:
     """The plan for a namespace. `secrets` holds (at least) the Secrets the tenants name;
     `previous_gateway` is the configuration last written, whose entries of pools that are
     invalid now are kept; `nodes` are the cluster's Nodes, for placement pools that
-    discover theirs (None: not read)."""
+    discover theirs (None: not read); `groups` are the TenantGroups."""
     pools_planned = pool_plans(body for body in pools if not _deleting(body))
     tenant_plans = _tenant_plans(body for body in quotas if not _deleting(body))
+    planned_groups, tree = group_plans(body for body in groups if not _deleting(body))
+    _place_tenants(tenant_plans, planned_groups, tree)
     accepted = [plan.quota for plan in tenant_plans if plan.quota is not None and not plan.problem]
     for plan in pools_planned:
         if plan.pool is None:
             continue
         if plan.pool.spec.placement is None:
-            plan.objects = pool_objects(plan.pool, accepted, config)
+            plan.objects = pool_objects(plan.pool, accepted, config, tree)
         else:
-            _plan_chains(plan, accepted, config, nodes)
+            _plan_chains(plan, accepted, config, nodes, tree)
 
     valid = [plan for plan in pools_planned if plan.pool is not None]
     entries = [_gateway_entry(plan, config) for plan in valid]
@@ -145,7 +169,8 @@ def plan_namespace(
             )
             continue
         if missing:
-            tenant.note = f"spec.pools: {', '.join(missing)} not found (ignored until created)"
+            note = f"spec.pools: {', '.join(missing)} not found (ignored until created)"
+            tenant.note = "; ".join(part for part in (tenant.note, note) if part)
         candidates.append((tenant, gateway_tenant(tenant.quota, keys, allowed)))
     _refuse_shared_keys(candidates)
     tenants = []
@@ -159,12 +184,15 @@ def plan_namespace(
         "pools": entries,
         "tenants": tenants,
     }
+    used = fair_order([tenant.place() for tenant in tenants], tree).groups
+    if used:
+        document["groups"] = used
     shared_state = config.shared_state()
     if shared_state is not None:
         document["sharedState"] = shared_state
     gateway = validate(GatewayConfig, document, "gateway configuration")
     secret = gateway_secret(gateway, config.namespace, config.gateway_secret)
-    return NamespacePlan(pools_planned, tenant_plans, gateway, secret)
+    return NamespacePlan(pools_planned, tenant_plans, gateway, secret, planned_groups)
 
 
 def needs_nodes(pools: Iterable[Mapping[str, Any]]) -> bool:
@@ -253,6 +281,65 @@ def _tenant_plans(bodies: Iterable[Mapping[str, Any]]) -> list[TenantPlan]:
             tenants[parsed.tenant] = name
             plans.append(TenantPlan(name, body, parsed))
     return sorted(plans, key=lambda plan: plan.name)
+
+
+def group_plans(
+    bodies: Iterable[Mapping[str, Any]],
+) -> tuple[list[GroupPlan], dict[str, GroupShare]]:
+    """Each TenantGroup validated, and the tree of the valid ones: a group whose parent is
+    missing or invalid, or that is in a cycle, has a problem and is placed at the top."""
+    plans = []
+    for body in bodies:
+        name = str(body.get("metadata", {}).get("name", ""))
+        parsed = _parse(TenantGroup, "TenantGroup", body)
+        if isinstance(parsed, Problem):
+            plans.append(GroupPlan(name, body, None, problem=parsed))
+        else:
+            plans.append(GroupPlan(name, body, parsed))
+    plans.sort(key=lambda plan: plan.name)
+    invalid = {plan.name for plan in plans if plan.group is None}
+    tree = {plan.name: plan.group.share() for plan in plans if plan.group is not None}
+    problems = group_problems(tree, "TenantGroup named")
+    for plan in plans:
+        if plan.name not in problems:
+            continue
+        reason, problem = problems[plan.name]
+        parent = tree[plan.name].parent
+        if parent in invalid:
+            problem = f"TenantGroup {parent!r} is invalid (its status says why)"
+        plan.problem = Problem(
+            reason, f"spec.parent: {problem}; the group is directly under its band meanwhile"
+        )
+        tree[plan.name] = tree[plan.name].model_copy(update={"parent": None})
+    for plan in plans:
+        plan.groups = sorted(name for name, group in tree.items() if group.parent == plan.name)
+    return plans, tree
+
+
+def _place_tenants(
+    tenants: list[TenantPlan], groups: list[GroupPlan], tree: Mapping[str, GroupShare]
+) -> None:
+    """Each valid tenant in its group; one whose group is missing or invalid directly under
+    its band, with a note (its TenantQuota keeps spec.group: it joins once the group is
+    there). Each group lists the tenants it has."""
+    invalid = {plan.name for plan in groups if plan.group is None}
+    members: dict[str, list[str]] = {}
+    for plan in tenants:
+        if plan.quota is None or plan.problem is not None:
+            continue
+        group = plan.quota.spec.group
+        if group is None:
+            continue
+        if group in tree:
+            members.setdefault(group, []).append(plan.quota.tenant)
+            continue
+        why = "is invalid" if group in invalid else "not found"
+        why = f"TenantGroup {group!r} {why}"
+        plan.note = f"spec.group: {why}; the tenant is directly under its band meanwhile"
+        spec = plan.quota.spec.model_copy(update={"group": None})
+        plan.quota = plan.quota.model_copy(update={"spec": spec})
+    for group_plan in groups:
+        group_plan.tenants = sorted(members.get(group_plan.name, []))
 
 
 def _keys(
@@ -344,6 +431,7 @@ def _plan_chains(
     quotas: list[TenantQuota],
     config: OperatorConfig,
     nodes: Sequence[Mapping[str, Any]] | None,
+    tree: Mapping[str, GroupShare],
 ) -> None:
     """A placement pool's chains and objects; an infeasible placement is a problem (and,
     as for an invalid spec, nothing is rendered: what runs stays)."""
@@ -358,7 +446,7 @@ def _plan_chains(
         plan.pool, plan.problem = None, Problem("PlacementInfeasible", message)
         return
     plan.chains = chains
-    plan.objects = [scheduler_configmap(pool, quotas, config.namespace), *objects]
+    plan.objects = [scheduler_configmap(pool, quotas, config.namespace, tree), *objects]
 
 
 def _gateway_entry(plan: DesiredPool, config: OperatorConfig) -> GatewayPool:
@@ -386,7 +474,9 @@ def _workers(pool: InferencePool, config: OperatorConfig) -> WorkerSource:
 
 
 def _parse(
-    model: type[InferencePool] | type[TenantQuota], kind: str, body: Mapping[str, Any]
+    model: type[InferencePool] | type[TenantQuota] | type[TenantGroup],
+    kind: str,
+    body: Mapping[str, Any],
 ) -> Any:
     """The object, or a Problem naming the field (list items may lack apiVersion and kind)."""
     document = {"apiVersion": API_VERSION, "kind": kind, **body}

@@ -1,7 +1,8 @@
 """Bringing a namespace to its plan through the `Api` interface, writing only what differs.
 
-A reconcile reads the pools, tenants and the key Secrets they name (only Secrets labelled
-`fairpool.io/api-keys: "true"`, listed by that label), plans (`plan.plan_namespace`),
+A reconcile reads the pools, tenants, tenant groups and the key Secrets the tenants name
+(only Secrets labelled `fairpool.io/api-keys: "true"`, listed by that label), plans
+(`plan.plan_namespace`),
 and for every planned object creates it if it is missing, applies it if it differs from what
 the API holds, and leaves it alone otherwise; then it writes the statuses that changed. So a
 reconcile with nothing changed writes nothing, and a tenant's weight change rewrites exactly
@@ -41,6 +42,7 @@ from fairpool_operator.api import (
     SERVICE,
     STATEFULSET,
     TENANT,
+    TENANT_GROUP,
     Api,
     ApiError,
     Kind,
@@ -54,15 +56,17 @@ from fairpool_operator.plan import (
     NamespacePlan,
     Problem,
     TenantPlan,
+    group_plans,
     needs_nodes,
     plan_namespace,
     pool_plans,
     secret_names,
 )
 from fairpool_operator.render import Manifest
-from fairpool_operator.served import Served
+from fairpool_operator.served import Served, group_pools
 from fairpool_operator.status import (
     carried_problem,
+    group_status,
     pool_status,
     status_patch,
     tenant_status,
@@ -144,6 +148,7 @@ class Reconciler:
         status."""
         pools = self.api.list(POOL)
         quotas = self.api.list(TENANT)
+        groups = self._groups()
         names = secret_names(quotas)
         self.referenced_secrets = frozenset(names)
         secrets = {}  # only key Secrets (labelled so) are read; others, never
@@ -155,7 +160,7 @@ class Reconciler:
         self.uses_nodes = needs_nodes(pools)
         nodes = self._nodes() if self.uses_nodes else None
         plan = plan_namespace(
-            pools, quotas, secrets, self.config, gateway_of(current_gateway), nodes
+            pools, quotas, secrets, self.config, gateway_of(current_gateway), nodes, groups
         )
 
         writes: list[Write] = []
@@ -176,6 +181,8 @@ class Reconciler:
         for tenant in plan.tenants:
             self._tell_tenant_table(tenant)
             self._write_status(TENANT, tenant.name, tenant.body, tenant_status(tenant), writes)
+        for group in plan.groups:
+            self._write_status(TENANT_GROUP, group.name, group.body, group_status(group), writes)
         if failed:  # the rest is done; the caller retries for these (kopf: after a delay)
             raise failed[0]
         return writes
@@ -209,12 +216,17 @@ class Reconciler:
         return writes
 
     def record_served(self, served: Mapping[str, Served]) -> list[Write]:
-        """The gateway's served tokens and service on the tenants it reported (and changed)."""
+        """The gateway's served tokens and service on the tenants it reported, and each
+        group's share of every pool (`served.group_pools`), where they changed."""
         writes: list[Write] = []
+        tenant_groups: dict[str, str] = {}
         for body in self.api.list(TENANT):
             metadata = body.get("metadata", {})
-            tenant = (body.get("spec") or {}).get("tenant") or metadata.get("name")
-            numbers = served.get(str(tenant))
+            spec = body.get("spec") or {}
+            tenant = str(spec.get("tenant") or metadata.get("name"))
+            if spec.get("group"):
+                tenant_groups[tenant] = str(spec["group"])
+            numbers = served.get(tenant)
             if numbers is None:
                 continue
             desired: dict[str, Any] = {
@@ -226,9 +238,32 @@ class Reconciler:
                 continue
             desired["lastReported"] = self.clock()
             self._patch_status(TENANT, str(metadata.get("name")), desired, writes)
+        bodies = self._groups()
+        _, tree = group_plans(bodies)
+        parents = {name: group.parent for name, group in tree.items()}
+        shares = group_pools(served, tenant_groups, parents)
+        for body in bodies:
+            name = str(body.get("metadata", {}).get("name"))
+            pools = shares.get(name)
+            if pools is None or (body.get("status") or {}).get("pools") == pools:
+                continue
+            self._patch_status(
+                TENANT_GROUP, name, {"pools": pools, "lastReported": self.clock()}, writes
+            )
         return writes
 
     # ------------------------------------------------------------------ internals
+
+    def _groups(self) -> list[dict[str, Any]]:
+        """The TenantGroups; none while the API server does not serve them (their CRD not
+        applied yet after an upgrade: the rest goes on as before groups existed)."""
+        try:
+            return self.api.list(TENANT_GROUP)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            log.warning("TenantGroups are not served (%s): apply the chart's CRDs", error)
+            return []
 
     def _event(
         self, about: Mapping[str, Any], kind: str, reason: str, message: str, warning: bool = False

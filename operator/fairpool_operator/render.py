@@ -18,6 +18,7 @@ from fairpool.api.common import API_VERSION
 from fairpool.api.gateway_config import GatewayConfig
 from fairpool.api.inference_pool import InferencePool
 from fairpool.api.rendering import engine_arguments, scheduler_config, scheduler_config_document
+from fairpool.api.shares import GroupShare
 from fairpool.api.tenant_quota import TenantQuota
 from fairpool_operator import contract
 from fairpool_operator.config import OperatorConfig
@@ -50,13 +51,16 @@ def owner_reference(pool: InferencePool) -> dict[str, Any]:
 
 
 def pool_objects(
-    pool: InferencePool, quotas: Iterable[TenantQuota], config: OperatorConfig
+    pool: InferencePool,
+    quotas: Iterable[TenantQuota],
+    config: OperatorConfig,
+    groups: Mapping[str, GroupShare] | None = None,
 ) -> list[Manifest]:
     """Everything one pool needs: scheduler ConfigMap, headless Service, engine Deployment,
     its disruption budget (and the model cache's claim, when the pool keeps one)."""
     return [
         *model_cache_claims(pool, config.namespace),
-        scheduler_configmap(pool, quotas, config.namespace),
+        scheduler_configmap(pool, quotas, config.namespace, groups),
         engine_service(pool, config.namespace),
         engine_deployment(pool, config),
         disruption_budget(pool, config.namespace),
@@ -106,12 +110,15 @@ def model_cache_claims(pool: InferencePool, namespace: str) -> list[Manifest]:
 
 
 def scheduler_configmap(
-    pool: InferencePool, quotas: Iterable[TenantQuota], namespace: str
+    pool: InferencePool,
+    quotas: Iterable[TenantQuota],
+    namespace: str,
+    groups: Mapping[str, GroupShare] | None = None,
 ) -> Manifest:
-    """The engines' scheduler configuration: the pool's policy and the weights of the
-    tenants allowed on it. A weight change rewrites this file and nothing else; the engines
-    re-read it and keep running."""
-    document = scheduler_config_document(scheduler_config(pool, quotas))
+    """The engines' scheduler configuration: the pool's policy and the fair order's tree of
+    the tenants allowed on it (weights, the groups on their paths, bands). A weight change
+    rewrites this file and nothing else; the engines re-read it and keep running."""
+    document = scheduler_config_document(scheduler_config(pool, quotas, groups))
     return finish(
         {
             "apiVersion": "v1",

@@ -8,6 +8,8 @@ and for vLLM pools ModelReady (the weights are where the engines load them; else
 `fairpool_operator.model_status`).
 Tenant conditions: Ready (in the gateway's table), SecretMissing (its API keys cannot be
 read — the message names the Secret and key).
+Group conditions: Ready (in the fair order's tree as its spec says; else why not: its parent
+is missing or invalid, or the groups form a cycle — the message names them).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from fairpool_operator import contract
 from fairpool_operator.model_status import fetch_failure, model_readiness
-from fairpool_operator.plan import DesiredPool, Problem, TenantPlan
+from fairpool_operator.plan import DesiredPool, GroupPlan, Problem, TenantPlan
 from fairpool_operator.render import pod_shape
 
 #: Degraded reasons that only a full reconcile can establish (they need every pool); a
@@ -166,6 +168,25 @@ def tenant_status(plan: TenantPlan) -> dict[str, Any]:
             condition("SecretMissing", False, "SecretFound", f"Secret {name!r}", generation)
         )
     result: dict[str, Any] = {"conditions": conditions}
+    if generation is not None:
+        result["observedGeneration"] = generation
+    return result
+
+
+def group_status(plan: GroupPlan) -> dict[str, Any]:
+    """What the group's status should say (conditions without transition times); the
+    served numbers are `Reconciler.record_served`'s."""
+    generation = _generation(plan.body)
+    if plan.problem is not None:
+        ready = condition("Ready", False, plan.problem.reason, plan.problem.message, generation)
+    else:
+        parent = plan.group.spec.parent if plan.group is not None else None
+        where = f"under TenantGroup {parent}" if parent else "directly under the bands"
+        ready = condition("Ready", True, "InTree", where, generation)
+    result: dict[str, Any] = {
+        "conditions": [ready],
+        "members": {"groups": plan.groups, "tenants": plan.tenants},
+    }
     if generation is not None:
         result["observedGeneration"] = generation
     return result

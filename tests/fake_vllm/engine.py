@@ -89,10 +89,14 @@ class FakeEngine:
         cache_salt: str | None = None,
         status: RequestStatus | None = None,
         request_id: str | None = None,
+        band: str | None = None,
     ) -> str:
-        """Queue a request of `tenant` (its `vllm_xargs.fairpool_tenant`; None: none)."""
+        """Queue a request of `tenant` (its `vllm_xargs.fairpool_tenant`; None: none),
+        asking `band` (`vllm_xargs.fairpool_band`) if given."""
         request_id = request_id or f"r{next(self._ids)}"
         xargs = None if tenant is None else {"fairpool_tenant": tenant}
+        if band is not None:
+            xargs = {**(xargs or {}), "fairpool_band": band}
         request = Request(
             request_id,
             list(prompt),

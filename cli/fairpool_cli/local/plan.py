@@ -27,6 +27,7 @@ from fairpool.api.rendering import (
     scheduler_config,
     scheduler_config_document,
 )
+from fairpool.api.tenant_group import group_shares
 from fairpool.sched.errors import ConfigError
 from fairpool_cli.local.ports import HOST, free_port
 from fairpool_cli.local.store import server_command
@@ -120,7 +121,7 @@ class Fairness:
             spec.routing.policy = "least_load"
             spec.routing.queue_policy = "fcfs"
             pools.append(pool.model_copy(update={"spec": spec}))
-        return Manifests(pools, manifests.quotas, manifests.secrets)
+        return Manifests(pools, manifests.quotas, manifests.secrets, manifests.groups)
 
 
 def plan_local(
@@ -180,7 +181,8 @@ def store_process() -> tuple[ProcessSpec, str]:
 
 
 def scheduler_file(pool: InferencePool, manifests: Manifests) -> str:
-    return yaml.safe_dump(scheduler_config_document(scheduler_config(pool, manifests.quotas)))
+    config = scheduler_config(pool, manifests.quotas, group_shares(manifests.groups))
+    return yaml.safe_dump(scheduler_config_document(config))
 
 
 def gateway_file(config: GatewayConfig) -> str:

@@ -163,7 +163,10 @@ def print_banner(plan: LocalPlan, manifests: Manifests, fairness: bool, console:
         pools = ", ".join(quota.spec.pools) or "every pool"
         secret = quota.spec.api_key_secret_ref
         keys = f"keys in Secret {secret.name}" if secret else "no keys"
-        console.print(f"    {quota.tenant:<12} weight {quota.spec.weight:g}   {pools}   {keys}")
+        place = quota.spec.slo.slo_class + (f" in {quota.spec.group}" if quota.spec.group else "")
+        console.print(
+            f"    {quota.tenant:<12} weight {quota.spec.weight:g}   {place}   {pools}   {keys}"
+        )
     console.print("  Ctrl-C stops everything.")
 
 
@@ -195,4 +198,4 @@ def apply_edit(plan: LocalPlan, paths: Sequence[str], console: Console) -> None:
         console.print("[yellow]pools or replicas changed: restart `fairpool up` to apply[/yellow]")
         return
     write_files(files)
-    console.print("manifests applied: tenants, weights, limits and scheduling updated")
+    console.print("manifests applied: tenants, groups, weights, limits and scheduling updated")

@@ -102,13 +102,13 @@ class EngineRunner:
         return (self._clock() - self._started) * self.speedup
 
     def submit(
-        self, tenant: str, tokens: Sequence[int], max_tokens: int, output_tokens: int
+        self, flow: str, tokens: Sequence[int], max_tokens: int, output_tokens: int
     ) -> Generation:
-        """Queue a request; it produces `output_tokens` (≤ `max_tokens`) tokens, or none
-        (prefill-only: an embedding)."""
+        """Queue a request in `flow` (`LiveScheduler.flow_of`); it produces
+        `output_tokens` (≤ `max_tokens`) tokens, or none (prefill-only: an embedding)."""
         request_id = f"sim-{next(self._ids)}"
         arrival = self.now()
-        request = Request(request_id, tenant, len(tokens), max_tokens, arrival, tokens=tokens)
+        request = Request(request_id, flow, len(tokens), max_tokens, arrival, tokens=tokens)
         self.engine.submit(request, tokens, output_tokens)
         generation = Generation(request, min(output_tokens, max_tokens))
         self._generations[request_id] = generation

@@ -8,11 +8,13 @@ Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses
 does when its engine died) until set back.
 
 A request is validated as vLLM validates it (`protocol`), tokenized (`text`), and
-queued in the `SimEngine` under its tenant (`vllm_xargs` `fairpool_tenant`), where the
-scheduler configuration's policy orders it; the engine loop (`runner`) hands its tokens
+queued in the `SimEngine` in its flow — its tenant (`vllm_xargs` `fairpool_tenant`) in the
+tenant's band, or in a lower one its `fairpool_band` asks (`LiveScheduler.flow_of`) —
+where the scheduler configuration's policy orders it; the engine loop (`runner`) hands its tokens
 to the handler as they are generated. A client that goes away aborts its request. An
 embedding is prefill-only: one engine request per input, charged for its uncached
-prompt, its prefix cache shared only within its tenant (`pooling_tenant`). vLLM serves
+prompt, its prefix cache shared only within its tenant (and band, when one is asked:
+`pooling_tenant`). vLLM serves
 embeddings only with a pooling model (`--runner pooling`); engine-sim serves both kinds.
 
 Failure injection (`--error-rate`, `--hang-rate`, `--crash-rate`) picks, per valid
@@ -45,9 +47,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from fairpool.api.scheduler_config import CONFIG_ENV, TENANT_XARG, tenant_of
+from fairpool.api.scheduler_config import CONFIG_ENV
 from fairpool.front import Usage
 from fairpool.runtime import ServerInThread, tune_collector_for_serving
+from fairpool.sched.errors import ConfigError
 from fairpool.sim.engine import SimEngine
 from fairpool.sim.profiles import get_profile
 from fairpool_engine import pooling_tenant
@@ -382,9 +385,9 @@ class SimServer:
         if refused is not None:
             return refused
         cut_after = self.faults.cut_after(job.output_tokens) if fault == "crash" else None
-        tenant = tenant_of(job.request.vllm_xargs)
+        flow = self.runner.live.flow_of(job.request.vllm_xargs)
         cached_as = salted(job.tokens, job.request.cache_salt)  # the salt keys the cache
-        generation = self.runner.submit(tenant, cached_as, job.max_tokens, job.output_tokens)
+        generation = self.runner.submit(flow, cached_as, job.max_tokens, job.output_tokens)
         if job.request.stream:
             events = self._events(job, generation, cut_after)
             return BodyStream(events, "text/event-stream", lambda: self.runner.abort(generation))
@@ -441,7 +444,7 @@ class SimServer:
                     f"Model '{options.model}' does not support Matryoshka embeddings; "
                     f"dimensions must be unset (received dimensions={request.dimensions})."
                 )
-            tenant, salt = _embedding_tenant(request)
+            flow, salt = self._embedding_flow(request)
             prompts = [tokenize(p) if isinstance(p, str) else p for p in request.inputs()]
             for tokens in prompts:
                 if not tokens:
@@ -456,7 +459,7 @@ class SimServer:
         if refused is not None:
             return refused
         runner = self.runner
-        generations = [runner.submit(tenant, salted(tokens, salt), 1, 0) for tokens in prompts]
+        generations = [runner.submit(flow, salted(tokens, salt), 1, 0) for tokens in prompts]
         finished = asyncio.ensure_future(_all_finished(generations))
         gone = asyncio.ensure_future(_client_gone(http))
         await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -489,6 +492,16 @@ class SimServer:
             text = dumps(body)
             return BodyStream(_cut(text[: len(text) // 2]), "application/json", lambda: None)
         return JSONResponse(body)
+
+    def _embedding_flow(self, request: EmbeddingRequest) -> tuple[str, str | None]:
+        """The flow, and the cache salt vLLM would see: what fairpool's middleware makes
+        of the request (the tenant and band moved into the salt; a salt like fairpool's
+        refused)."""
+        try:
+            salt = pooling_tenant.carrying(request.vllm_xargs, request.cache_salt)
+        except ConfigError as error:
+            raise APIError(str(error), param=error.parameter) from None
+        return self.runner.live.flow_of(request.vllm_xargs), salt
 
     # ------------------------------------------------------------------ the rest
 
@@ -524,28 +537,6 @@ async def _parse(http: Request, model: type[Parsed]) -> Parsed:
 def _request_id(http: Request, request: GenerationRequest) -> str | None:
     """vLLM's: the X-Request-Id header, else the body's `request_id`, else a random one."""
     return http.headers.get("x-request-id") or request.request_id
-
-
-def _embedding_tenant(request: EmbeddingRequest) -> tuple[str, str | None]:
-    """The tenant, and the cache salt vLLM would see: what fairpool's middleware makes of
-    the request (the tenant moved into the salt; a salt like fairpool's refused)."""
-    client_salt = request.cache_salt
-    if pooling_tenant.tenant_in(client_salt) is not None:
-        raise APIError(
-            f"cache_salt: values starting with {pooling_tenant.PREFIX!r} are fairpool's",
-            param="cache_salt",
-        )
-    xargs = request.vllm_xargs
-    if not xargs or TENANT_XARG not in xargs:
-        return tenant_of(xargs), client_salt
-    tenant = tenant_of(xargs)
-    if not pooling_tenant.fits(tenant):
-        raise APIError(
-            f"vllm_xargs.{TENANT_XARG}: is too long to reach vLLM's scheduler on "
-            "/v1/embeddings (fairpool's tenant names are DNS labels of at most 63 characters)",
-            param=f"vllm_xargs.{TENANT_XARG}",
-        )
-    return tenant, pooling_tenant.salt_for(tenant, client_salt)
 
 
 async def _fault_response(http: Request, fault: str | None) -> Response | None:

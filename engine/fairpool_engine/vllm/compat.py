@@ -31,8 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request, RequestStatus
 
-from fairpool.api.scheduler_config import TENANT_XARG
-from fairpool_engine.pooling_tenant import tenant_in
+from fairpool_engine.pooling_tenant import xargs_in
 
 #: The releases the plugin is tested with (the images pin the first).
 SUPPORTED_VERSIONS = ("0.32.0",)
@@ -195,13 +194,12 @@ def kv_capacity_tokens(kv_cache_manager: Any, block_size: int) -> int:
 
 def extra_args(request: Request) -> dict[str, Any] | None:
     """The request's `vllm_xargs`, as vLLM hands them to the engine; for a pooling request
-    (no sampling parameters, no `vllm_xargs`), the tenant the middleware put in its
-    `cache_salt` (`fairpool_engine.pooling_tenant`)."""
+    (no sampling parameters, no `vllm_xargs`), the tenant and band the middleware put in
+    its `cache_salt` (`fairpool_engine.pooling_tenant`)."""
     params = request.sampling_params
     if params is not None:
         return params.extra_args
-    tenant = tenant_in(request.cache_salt)
-    return None if tenant is None else {TENANT_XARG: tenant}
+    return xargs_in(request.cache_salt)
 
 
 def put_victims_last(scheduler: Any, victims_first: list[str]) -> None:

@@ -3,9 +3,10 @@
 - On completions, chat, responses and embeddings it refuses requests whose `vllm_xargs`
   carry a fairpool key that is unknown or malformed, with vLLM's own 400 error body,
   before vLLM accepts them.
-- On embeddings, where vLLM 0.32 ignores `vllm_xargs`, it moves the tenant into the
-  request's `cache_salt`, the one field that reaches the scheduler (`pooling_tenant`
-  explains why); a `cache_salt` of the client's that looks like fairpool's is refused.
+- On embeddings, where vLLM 0.32 ignores `vllm_xargs`, it moves the tenant (and the band
+  the request asks) into the request's `cache_salt`, the one field that reaches the
+  scheduler (`pooling_tenant` explains why); a `cache_salt` of the client's that looks
+  like fairpool's is refused.
 
 Streams pass through untouched.
 """
@@ -16,7 +17,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from fairpool.api.scheduler_config import TENANT_XARG, check_xargs, tenant_of
+from fairpool.api.scheduler_config import check_xargs
 from fairpool.sched.errors import ConfigError
 from fairpool_engine import pooling_tenant
 
@@ -26,7 +27,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-EMBEDDINGS = "/v1/embeddings"
+EMBEDDINGS = pooling_tenant.EMBEDDINGS
 CHECKED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", EMBEDDINGS)
 
 
@@ -84,23 +85,13 @@ def _document(body: bytes) -> dict[str, Any] | None:
 
 
 def _salted(document: dict[str, Any]) -> bytes | None:
-    """The embeddings body with the tenant in its `cache_salt`, or None to leave it."""
+    """The embeddings body with the tenant and band in its `cache_salt`, or None to leave
+    it."""
     client_salt = document.get("cache_salt")
-    if isinstance(client_salt, str) and pooling_tenant.tenant_in(client_salt) is not None:
-        raise ConfigError(
-            "cache_salt", f"values starting with {pooling_tenant.PREFIX!r} are fairpool's"
-        )
-    xargs = document.get("vllm_xargs")
-    if not isinstance(xargs, dict) or TENANT_XARG not in xargs:
+    client_salt = client_salt if isinstance(client_salt, str) else None
+    salt = pooling_tenant.carrying(document.get("vllm_xargs"), client_salt)
+    if salt == client_salt:
         return None
-    tenant = tenant_of(xargs)
-    if not pooling_tenant.fits(tenant):
-        raise ConfigError(
-            f"vllm_xargs.{TENANT_XARG}",
-            f"is too long to reach vLLM's scheduler on {EMBEDDINGS} "
-            f"(fairpool's tenant names are DNS labels of at most 63 characters)",
-        )
-    salt = pooling_tenant.salt_for(tenant, client_salt if isinstance(client_salt, str) else None)
     return json.dumps({**document, "cache_salt": salt}).encode()
 
 

@@ -15,20 +15,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from fairpool.api.scheduler_config import tenant_of
 from fairpool.sched.policy import LocalPolicy
 from fairpool.sched.requests import Request as PolicyRequest
 from fairpool_engine.vllm.compat import Request, RequestQueue, extra_args
 
 if TYPE_CHECKING:
+    from fairpool_engine.live import LiveScheduler
     from fairpool_engine.vllm.scheduler import FairSchedulingMixin
 
 
-def policy_request(request: Request) -> PolicyRequest:
-    """The scheduler's view of a vLLM request: tenant, prompt length, output limit."""
+def policy_request(request: Request, live: LiveScheduler) -> PolicyRequest:
+    """The scheduler's view of a vLLM request: its flow (tenant and band), prompt length,
+    output limit."""
     return PolicyRequest(
         request.request_id,
-        tenant_of(extra_args(request)),
+        live.flow_of(extra_args(request)),
         request.num_prompt_tokens,
         max(int(request.max_tokens), 1),
         arrival=0.0,

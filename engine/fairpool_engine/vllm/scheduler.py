@@ -12,17 +12,20 @@ admission), and charges tenants for the service they get:
 - each output token as `update_from_output` delivers it (VTC Alg. 2 line 22);
 - nothing again for a preempted request that comes back.
 
-When memory runs out, vLLM preempts the most recently admitted request; a policy that
-shares memory by weight (VTC, DLPM) has it preempt the youngest request of the tenant
-furthest above its share instead (`fairpool.sched.kv_share`), by ordering vLLM's running
-list before each step, and holds back an admission that would take a tenant above its
-share without leaving a block per running request free.
+When memory runs out, vLLM preempts the most recently admitted request; the plugin has it
+preempt from the lowest band with a running request first and, for a policy that shares
+memory by weight (VTC, DLPM), the youngest request of the tenant furthest above its share
+within that band (`fairpool.sched.kv_share`), by ordering vLLM's running list before each
+step; such a policy also holds back an admission that would take a tenant above its share
+without leaving a block per running request (of its band or a higher one) free.
 
-The tenant is the request's `vllm_xargs.fairpool_tenant`. The policy and weights come
-from the file named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs. A policy
-that decides the shape of each batch (RAD) is refused there, at start and on reload: vLLM
-schedules its running requests before it peeks at the queue, so a batch always holds the
-running decodes alongside any prefill, which RAD's batches never do.
+The tenant is the request's `vllm_xargs.fairpool_tenant`, its band the tenant's in the
+configuration or a lower one its `vllm_xargs.fairpool_band` asks: the request runs in that
+flow (`LiveScheduler.flow_of`). The policy, weights, groups and bands come from the file
+named by FAIRPOOL_SCHEDULER_CONFIG, re-read while the engine runs. A policy that decides
+the shape of each batch (RAD) is refused there, at start and on reload: vLLM schedules its
+running requests before it peeks at the queue, so a batch always holds the running
+decodes alongside any prefill, which RAD's batches never do.
 
 `FairScheduler` picks vLLM's `AsyncScheduler` or plain `Scheduler` as its base to match
 the engine's async-scheduling setting (on by default on GPUs, forced off on CPUs), so
@@ -40,8 +43,8 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from fairpool.api.scheduler_config import tenant_of
-from fairpool.sched.cost import Tokens
+from fairpool.sched import kv_share
+from fairpool.sched.cost import Tokens, tenant_of
 from fairpool.sched.requests import Request as PolicyRequest
 from fairpool.sched.requests import Running
 from fairpool_engine.live import LiveScheduler
@@ -52,7 +55,6 @@ from fairpool_engine.vllm.compat import (
     Request,
     Scheduler,
     check_version,
-    extra_args,
     kv_capacity_tokens,
     local_hit_tokens,
     observed_block_map,
@@ -253,7 +255,7 @@ class FairSchedulingMixin:
         self.metrics = TenantMetrics()
         self._step_started: float | None = None
         self._finishing: list[str] | None = None  # set while update_from_output runs
-        self._first_victim: str | None = None  # tenant of this step's first victim, planned
+        self._first_victim: str | None = None  # flow of this step's first victim, planned
         self._trace = _open_trace()
         super().__init__(*args, **kwargs)
         self.waiting = PolicyRequestQueue(self)
@@ -268,10 +270,13 @@ class FairSchedulingMixin:
         )
 
     def register(self, request: Request) -> PolicyRequest:
-        scheduled = policy_request(request)
+        scheduled = policy_request(request, self.live)
         self.policy_requests[request.request_id] = scheduled
         self._record(
-            "add", request.request_id, tenant=scheduled.tenant, prompt=scheduled.prompt_tokens
+            "add",
+            request.request_id,
+            **self._flow_fields(scheduled.tenant),
+            prompt=scheduled.prompt_tokens,
         )
         return scheduled
 
@@ -322,13 +327,19 @@ class FairSchedulingMixin:
     # ------------------------------------------------------------ internals
 
     def _put_victims_last(self) -> None:
-        """Have vLLM preempt, when memory runs out this step, in the policy's order: for
-        a policy that shares memory, the youngest requests of the tenants furthest above
-        their share first (`LocalPolicy.preemption_order`), where vLLM would take the
-        most recently admitted of all."""
+        """Have vLLM preempt, when memory runs out this step, in the policy's order
+        (`LocalPolicy.preemption_order`): the lowest band's requests first, and for a
+        policy that shares memory the youngest requests of the tenants furthest above
+        their share first, where vLLM would take the most recently admitted of all. Left
+        to vLLM when its choice is the policy's: memory not shared, and the flows with
+        requests (a few, where the running requests are many) all in one band."""
         policy = self.live.policy
         self._first_victim = None
-        if not policy.shares_memory or len(self.running) < 2:
+        if len(self.running) < 2:
+            return
+        if not policy.shares_memory and not kv_share.spans_bands(
+            policy.active_tenants(), policy.weights
+        ):
             return
         admitted = {request_id: index for index, request_id in enumerate(policy.running_ids())}
         running = sorted(self.view.running, key=lambda r: admitted.get(r.request_id, -1))
@@ -337,19 +348,27 @@ class FairSchedulingMixin:
         self._first_victim = order[0].tenant if order else None
 
     def preempted(self, request_id: str) -> None:
-        """vLLM preempted `request_id` (traced with the tenant planned to lose memory
-        first this step, and how many of its requests still run)."""
+        """vLLM preempted `request_id` (traced with its tenant and band, the flow planned
+        to lose memory first this step and how many of its requests still run, and the
+        bands of the requests still running)."""
         if self._trace is None:
             return
         planned = self._first_victim
-        left = sum(
-            1
+        still_running = [
+            known
             for request in self.running
             if (known := self.policy_requests.get(request.request_id)) is not None
-            and known.tenant == planned
+        ]
+        left = sum(1 for known in still_running if known.tenant == planned)
+        bands = self.live.policy.weights.band_of
+        self._record(
+            "preempt",
+            request_id,
+            **self._flow_fields(self.policy_requests[request_id].tenant),
+            planned=planned,
+            planned_left=left,
+            running_bands=sorted({bands(known.tenant) for known in still_running}),
         )
-        tenant = self.policy_requests[request_id].tenant
-        self._record("preempt", request_id, tenant=tenant, planned=planned, planned_left=left)
 
     def _forget(self, request_id: str) -> None:
         if self.policy_requests.pop(request_id, None) is not None:
@@ -381,10 +400,14 @@ class FairSchedulingMixin:
                 self._record(
                     "admit",
                     new.req_id,
-                    tenant=tenant_of(extra_args(self.requests[new.req_id])),
+                    **self._flow_fields(self.policy_requests[new.req_id].tenant),
                     cached=actual,
                     estimated=estimate,
                 )
+
+    def _flow_fields(self, flow: str) -> dict[str, str]:
+        """A flow as the trace names it: its tenant and band."""
+        return {"tenant": tenant_of(flow), "band": self.live.policy.weights.band_of(flow)}
 
     def _record(self, event: str, request_id: str, **fields: Any) -> None:
         if self._trace is not None:

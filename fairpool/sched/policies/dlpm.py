@@ -34,6 +34,11 @@ Choices the paper leaves open (reference digest §B.4), made here:
    most the rounds it needs to turn positive — exactly what repeated CheckRefill calls do.
 4. Weights (an extension; neither paper weights DLPM): tenant i's quantum is Q·w_i, the
    standard weighted DRR, so a weight-2 tenant earns twice the service per round.
+6. Bands and groups (fairpool's tree, `fairpool.sched.tree`): the tree chooses the band
+   and, through the groups, the sibling flows the next request may come from
+   (`FairTree.candidates`); DLPM's deficits and LPM decide among those siblings, and a
+   refill refills the siblings (the flows under the same node that have work). Over a flat
+   table of tenants in one band the siblings are every tenant: Algorithm 1 exactly.
 5. The quantum (the paper tunes Q^u by hand, Fig. 1): `auto` by default, the largest
    prompt cost w_e·L_input admitted so far, never below 2,048 (`fairpool.sched.quantum`).
    A tenant whose requests share a cached prefix then keeps the engine for at least one
@@ -160,27 +165,39 @@ class DLPM(LocalPolicy):
 
     def _select(self, view: EngineView) -> Waiting | None:
         deficits = self.deficits
-        credited = [tenant for tenant in self._queues if deficits[tenant] > 0]
+        waiting = self.tree.candidates(self._queues)
+        if not waiting:
+            return None
+        credited = [tenant for tenant in waiting if deficits[tenant] > 0]
         if not credited:
-            waiting = self.waiting_tenants()
-            if not waiting:
-                return None
             self._refill(waiting)
             credited = [tenant for tenant in waiting if deficits[tenant] > 0]
         return self._longest_match(view, credited)
 
     def _refill(self, waiting: list[str]) -> None:
-        """CheckRefill (Algorithm 1, lines 3-8), repeated until a waiting tenant has credit."""
+        """CheckRefill (Algorithm 1, lines 3-8), repeated until a waiting tenant has credit;
+        the active flows beside the `waiting` ones in the tree are refilled with them."""
         rounds = min(
             refills_to_credit(self.deficits[tenant], self.tenant_quantum(tenant))
             for tenant in waiting
         )
         self.refill_rounds += rounds
-        for tenant in self.active_tenants():
+        for tenant in self._siblings(waiting[0]):
             quantum = self.tenant_quantum(tenant)
             needed = refills_to_credit(self.deficits[tenant], quantum)
             self._refills[tenant] += min(rounds, needed)
             self.deficits[tenant] += min(rounds, needed) * quantum
+
+    def _siblings(self, flow: str) -> list[str]:
+        """The active flows under the same node of the tree as `flow` (every active tenant,
+        over a flat table)."""
+        shares = self.weights
+        band, parent = shares.band_of(flow), shares.path(flow)
+        return [
+            other
+            for other in self.active_tenants()
+            if shares.band_of(other) == band and shares.path(other) == parent
+        ]
 
     def refills(self, tenant: str) -> int:
         """How many quanta `tenant` has been refilled by (k_i in Theorem A.1, k_{i,w} at

@@ -13,51 +13,41 @@ counter of the tenant that most recently left the queue when nobody is waiting (
 the tenants waiting include those waiting at the other replicas (`waiting_elsewhere`).
 
 Lemma 4.3: while anyone waits, the counters of waiting tenants stay within U of each other.
+
+The counters and the lift are the fair order's tree's (`fairpool.sched.tree`), which applies
+them at every level — band, group, tenant — so VTC over a flat table of tenants is exactly
+Algorithm 2, and over bands and groups its hierarchical form.
 """
 
 from __future__ import annotations
-
-from collections import defaultdict
-from typing import Any
 
 from fairpool.sched.policy import LocalPolicy, Waiting
 from fairpool.sched.requests import EngineView
 
 
 class VTC(LocalPolicy):
-    """Least-served tenant first, by weighted virtual token counters with the counter lift."""
+    """Least-served tenant first, by weighted virtual token counters with the counter lift
+    (the tree's, at every level)."""
 
     name = "vtc"
     shares_memory = True
     weighs_tenants = True
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.counters: dict[str, float] = defaultdict(float)
-        self._last_left: str | None = None
-
-    def _on_join(self, tenant: str, idle: bool) -> None:
-        waiting = [self.counters[other] for other in self.waiting_tenants()]
-        waiting.extend(self.waiting_elsewhere())
-        if waiting:
-            floor = min(waiting)
-        elif self._last_left is not None:
-            floor = self.counters[self._last_left]
-        else:
-            return
-        self.counters[tenant] = max(self.counters[tenant], floor)
-
-    def _on_leave(self, tenant: str) -> None:
-        self._last_left = tenant
-
-    def _on_charge(self, tenant: str, service: float) -> None:
-        self.counters[tenant] += service / self.weights[tenant]
+    @property
+    def counters(self) -> dict[str, float]:
+        """Each flow's counter: its weighted service in its band."""
+        return self.tree.flow_counters()
 
     def _select(self, view: EngineView) -> Waiting | None:
-        return self._first_head(self.counters)
+        """The head of the flow with the smallest counter among those the tree offers
+        (ties: the earliest request, as Algorithm 2 breaks them)."""
+        candidates = self.tree.candidates(self._queues)
+        if not candidates:
+            return None
+        return self._first_head(self.tree.band_counters(candidates[0]), candidates)
 
     def tenant_state(self) -> dict[str, float]:
-        return dict(self.counters)
+        return self.tree.flow_counters()
 
     def service_bound(self, memory_tokens: int) -> float:
         """Theorem 4.4: 2U (this U, w_e·L_input + w_q·M, is no smaller than the paper's

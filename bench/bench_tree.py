@@ -12,7 +12,7 @@ does, and because without it the seeds would only rename tokens.
 
 The pool of measures 1, 2, 3 and 5: two engines with Llama-3-8B-on-H100 step times and
 8,192 KV tokens each (16-token blocks, vLLM's paged admission), DLPM engines (the default),
-D2LPM routing, one gateway with its default saturation (fairpool's defaults throughout).
+D2LPM routing, one gateway with its default saturation.
 
 1. **Interactive under a batch flood.** An interactive-band tenant sends Poisson requests
    (system prompt, a 100-token question, 64-token answer) at 30 % of the capacity the
@@ -25,8 +25,10 @@ D2LPM routing, one gateway with its default saturation (fairpool's defaults thro
    band's part of the service against its minimum share φ (`Shares.min_shares`), less the
    slack docs/scheduling.md states for it (S_b ≥ φ·S − (2 + φ)·U over any stretch, U the
    largest request's cost), summed over the engines, as each engine runs its own tree.
-   The standard band's likewise; the worst wait of a batch request (arrival to its first
-   admission, or to the window's end if it was still waiting) is reported.
+   The standard band's likewise. Reported: the worst wait of a batch request (arrival to
+   its first admission, or to the window's end if it was still waiting), and the longest
+   stretch in which no batch request was admitted anywhere (the band's head waiting),
+   beside what the stated bound on that comes to at an engine's mean rate.
 3. **Nesting.** Org A (group weight 1) holds ten tenants, org B (weight 1) one; all flood
    (64 streams each): A and B half each, goal within 5 %. Flat weights (no groups) beside:
    10 : 1, within 5 %.
@@ -56,7 +58,7 @@ D2LPM routing, one gateway with its default saturation (fairpool's defaults thro
 
 Results: bench/results/tree.json (every number, the goals, the machine, the command),
 tree.md (a table per measure, each verdict and sentence computed from the numbers) and
-tree.png. Run: `python bench/bench_tree.py` (about ten minutes on two cores); `--quick`
+tree.png. Run: `python bench/bench_tree.py` (about seven minutes on two cores); `--quick`
 runs every measure at toy size with one seed and records nothing.
 """
 
@@ -211,31 +213,38 @@ def pool(shares: Shares, **settings: Any) -> FleetConfig:
 
 
 class WaitingFleet(Fleet):
-    """A fleet that keeps each request's wait: from its arrival to its first admission by
-    an engine, or to when it left unserved (the gateway queue's timeout)."""
+    """A fleet that keeps each request's wait — from its arrival to its first admission by
+    an engine, or to when it left unserved (the gateway queue's timeout) — and when each
+    flow had a request admitted."""
 
     def __init__(self, config: FleetConfig, seed: int = 0) -> None:
         super().__init__(config, seed)
         self.arrivals: dict[str, tuple[str, float]] = {}  # request → (flow, arrival)
         self.waited_until: dict[str, float] = {}
+        self.admissions: dict[str, list[float]] = {}  # flow → its admissions' times
         for front in self.fronts:
             front.listeners.append(_Arrivals(self))
 
     def admitted(self, engine: SimEngine, request: Request) -> None:
         super().admitted(engine, request)
         self.waited_until.setdefault(request.request_id, engine.now)
+        self.admissions.setdefault(request.tenant, []).append(engine.now)
 
-    def worst_wait(self, flow: str, since: float, end: float) -> float:
-        """The longest wait of a request of `flow` that arrived in [since, end); one still
-        waiting at `end` counts until then."""
-        return max(
-            (
-                min(self.waited_until.get(request_id, end), end) - arrival
-                for request_id, (name, arrival) in self.arrivals.items()
-                if name == flow and since <= arrival < end
-            ),
-            default=0.0,
-        )
+    def waits(self, flow: str, since: float, end: float) -> list[float]:
+        """The waits of `flow`'s requests that arrived in [since, end); one still waiting
+        at `end` counts until then."""
+        return [
+            min(self.waited_until.get(request_id, end), end) - arrival
+            for request_id, (name, arrival) in self.arrivals.items()
+            if name == flow and since <= arrival < end
+        ]
+
+    def longest_unserved(self, flow: str, since: float, end: float) -> float:
+        """The longest stretch of [since, end) in which no request of `flow` was admitted
+        anywhere in the pool (engines' clocks differ: their admissions are sorted)."""
+        times = sorted(t for t in self.admissions.get(flow, []) if since <= t < end)
+        edges = [since, *times, end]
+        return max(later - earlier for earlier, later in itertools.pairwise(edges))
 
 
 class _Arrivals(FrontListener):
@@ -243,7 +252,9 @@ class _Arrivals(FrontListener):
         self.fleet = fleet
 
     def queued(self, flight: Flight) -> None:
-        self.fleet.arrivals.setdefault(flight.request_id, (flight.flow, flight.request.arrival))
+        arrival = flight.request.arrival
+        when = self.fleet.now if arrival is None else arrival
+        self.fleet.arrivals.setdefault(flight.request_id, (flight.flow, when))
 
     def dispatched(self, flight: Flight, decision: RouteDecision) -> None:
         self.queued(flight)
@@ -269,6 +280,14 @@ class Window:
 
     def total(self) -> float:
         return sum(self.service(flow) for flow in self.recorder.service_times)
+
+    def finished(self, tenant: str) -> int:
+        """`tenant`'s requests that finished in the window."""
+        return sum(
+            1
+            for c in self.recorder.completions
+            if c.request.tenant == tenant and self.warm <= c.finished_at < self.end
+        )
 
     def ttft_p99(self, tenant: str) -> float | None:
         return percentile(
@@ -340,7 +359,7 @@ class Goal:
 
     def margin(self, value: float | None) -> float | None:
         """How far the goal is met, ≥ 1 when it is (`at least`, `at most` goals)."""
-        if value is None or not value or self.kind == "within":
+        if value is None or not value or self.kind == "within" or self.target <= 0:
             return None
         return value / self.target if self.kind == "at least" else self.target / value
 
@@ -353,6 +372,11 @@ class Row:
     measured: str  # the number(s), as the report shows them
     goal: Goal | None = None  # None: reported beside a goal's row, for comparison
     details: dict[str, Any] = field(default_factory=dict)
+    short: str = ""  # what the chart calls it
+
+    @property
+    def label(self) -> str:
+        return f"{self.measure}. {self.short or self.what}"
 
     @property
     def met(self) -> bool | None:
@@ -452,6 +476,7 @@ def interactive(settings: Settings) -> Measure:
                 f"{_ms(p99)} ({(p99 or 0) / (alone_p99 or 1):.2f}× alone)",
                 ttft_goal if band == "on" else None,
                 {"bands": band, "ttft_p99_alone_s": alone_p99, "ttft_p99_s": p99},
+                f"interactive TTFT p99, bands {band}",
             )
         )
         rows.append(
@@ -467,6 +492,7 @@ def interactive(settings: Settings) -> Measure:
                     "capacity_left": round(left),
                     "interactive_rate": round(window.rate("chat")),
                 },
+                f"batch rate / capacity left, bands {band}",
             )
         )
     load = _over(chat_alone.rate("chat"), capacity)
@@ -522,33 +548,53 @@ def minimum_share(settings: Settings) -> Measure:
                     "slack": slack,
                     "service": window.service(tenant),
                 },
+                f"{band} band's part",
             )
         )
     assert isinstance(window.fleet, WaitingFleet)
-    worst = window.fleet.worst_wait("bulk", warm, end)
+    waits = window.fleet.waits("bulk", warm, end)
+    worst, mean = max(waits, default=0.0), statistics.fmean(waits) if waits else 0.0
+    finished = window.finished("bulk") / (end - warm)
+    little = _over(FLOOD_STREAMS, finished)
+    unserved = window.fleet.longest_unserved("bulk", warm, end)
     minimum = shares.min_shares["batch"]
     per_engine = total / POOL_WORKERS / (end - warm)
     bound = _over((2 + minimum) * largest / minimum + largest, per_engine)
-    rows.append(
+    rows += [
         Row(
             2,
             "worst wait of a batch request (arrival to first admission)",
             round(worst, 3),
-            f"{worst:.2f} s",
+            f"{worst:.2f} s (mean {mean:.2f} s)",
+            None,
+            {"mean_wait_s": round(mean, 3), "littles_law_wait_s": round(little, 3)},
+            "worst batch wait",
+        ),
+        Row(
+            2,
+            "longest stretch with no batch request admitted anywhere",
+            round(unserved, 3),
+            f"{unserved:.2f} s",
             None,
             {"stated_bound_s_at_an_engine_rate": round(bound, 3), "U": largest},
-        )
-    )
+            "longest stretch, no batch admission",
+        ),
+    ]
     notes = [
         f"Over the window the bands took interactive {1 - sum(parts.values()):.3f}, standard "
         f"{parts['standard']:.3f} and batch {parts['batch']:.3f} of the service "
         f"(S = {total:,.0f}, U = {largest:,.0f}); the batch band was "
         f"{_more_or_less(parts['batch'], minimum)} its minimum share {minimum:g} "
         f"({_verdict(rows[1])}).",
-        f"The worst batch wait, {worst:.2f} s, is {_more_or_less(worst, bound)} what the "
-        f"stated bound ((2 + φ)U/φ + U of others' service) comes to at an engine's mean rate "
-        f"({per_engine:,.0f} service/s): {bound:.2f} s; the bound counts an engine's own "
-        "queue, not the gateway's.",
+        f"The worst batch wait was {worst:.2f} s, the mean {mean:.2f} s: the flood keeps "
+        f"{FLOOD_STREAMS} requests outstanding and {finished:.1f} of its requests finished "
+        "per second, so by Little's law a request spends "
+        f"{little:.2f} s from its arrival to its end on average ({_over(mean, little):.0%} of "
+        "it waiting), its wait set by its own tenant's earlier requests.",
+        f"The longest stretch in which no batch request was admitted anywhere was "
+        f"{unserved:.2f} s, {_more_or_less(unserved, bound)} the {bound:.2f} s that the "
+        "stated bound on the band's head request ((2 + φ)U/φ + U of others' service at "
+        f"an engine) comes to at an engine's mean rate ({per_engine:,.0f} service/s).",
     ]
     return Measure("2. The lowest band's minimum share", rows, notes)
 
@@ -583,6 +629,7 @@ def nesting(settings: Settings) -> Measure:
                 f"{ratios[shape]:.3f} : 1 (A {_over(a, a + b):.3f} of the service)",
                 within(expected, WEIGHT_TOLERANCE, f"{expected:g} : 1"),
                 {"org_a_service": a, "org_b_service": b},
+                f"org A : B, {shape}",
             )
         )
     notes = [
@@ -617,7 +664,7 @@ def gold_to_bronze(
         weights=Shares({"gold": GOLD_WEIGHT, "bronze": 1.0}),
         saturation=regime.saturation,
         gateway_replicas=replicas,
-        replica_traffic=traffic,  # type: ignore[arg-type]
+        replica_traffic=traffic,
     )
     window = serve(label, config, settings.test_warm, end, clients, seed=seed)
     return _over(window.service("gold"), window.service("bronze")), window.engine_queue()
@@ -638,12 +685,20 @@ def weights_four_to_one(settings: Settings) -> Measure:
     for engines, name in plan:
         regime = REGIMES[name]
         case = f"{engines} engines, {regime.label}"
+        tag = f"{engines}, {regime.label.removeprefix('the ')}"
         ratio, queued = gold_to_bronze(
             step(f"{case}, fixed lengths"), settings, engines, regime, fixed, settings.test_end
         )
         one = (settings.test_warm, settings.test_end)
         rows.append(
-            _weights_row(f"{case}, one gateway, fixed lengths", [ratio], [queued], goal, window=one)
+            _weights_row(
+                f"{case}, one gateway, fixed lengths",
+                f"{tag}, 1 gateway, fixed",
+                [ratio],
+                [queued],
+                goal,
+                window=one,
+            )
         )
         seeded = [
             gold_to_bronze(
@@ -660,6 +715,7 @@ def weights_four_to_one(settings: Settings) -> Measure:
         rows.append(
             _weights_row(
                 f"{case}, one gateway, seeds {', '.join(map(str, settings.seeds))}",
+                f"{tag}, 1 gateway, seeds",
                 [r for r, _ in seeded],
                 [q for _, q in seeded],
                 goal,
@@ -681,6 +737,7 @@ def weights_four_to_one(settings: Settings) -> Measure:
             rows.append(
                 _weights_row(
                     f"{case}, {replicas} replicas, traffic {traffic}, fixed lengths",
+                    f"{tag}, {replicas} replicas, {traffic}",
                     [ratio],
                     [queued],
                     goal,
@@ -692,6 +749,7 @@ def weights_four_to_one(settings: Settings) -> Measure:
 
 def _weights_row(
     what: str,
+    short: str,
     ratios: list[float],
     queued: list[float],
     goal: Goal,
@@ -711,7 +769,7 @@ def _weights_row(
     if window:
         details["window_s"] = list(window)
     measured = f"{shown} : 1 (engines queued {queue} of the window)"
-    return Row(4, what, round(worst, 4), measured, goal, details)
+    return Row(4, what, round(worst, 4), measured, goal, details, short)
 
 
 def _weights_notes(rows: list[Row], settings: Settings) -> list[str]:
@@ -757,6 +815,7 @@ def twelve_tenants(settings: Settings) -> Measure:
                 f"(weight 1: {ratios[tenants[0]]:.3f}, weight 8: {ratios[tenants[-1]]:.3f})",
                 goal,
                 {"ratios": {t: round(r, 4) for t, r in ratios.items()}, "weights": weights},
+                "one gateway" if replicas == 1 else f"{replicas} replicas, spread",
             )
         )
     notes = [
@@ -772,7 +831,7 @@ def twelve_tenants(settings: Settings) -> Measure:
 
 def kv_pressure(settings: Settings) -> Measure:
     duration, warm = settings.kv_duration, settings.kv_warm
-    weights = {"flood": 1, "light": 2}
+    weights = {"flood": 1.0, "light": 2.0}
     say("1/2 KV pool: light below its share beside the flood")
     below = kv.run("dlpm", "default", kv.FLOOD_STREAMS, kv.LIGHT_BELOW, weights, duration, warm)
     say("2/2 KV pool: light alone")
@@ -789,6 +848,7 @@ def kv_pressure(settings: Settings) -> Measure:
             "ttft_p50_alone_s": alone.light_ttft_p50,
             "preemptions_beside": below.preemptions,
         },
+        "light rate beside a flood / alone",
     )
     notes = [
         f"Beside the flood the light tenant was served {rate:.3f}× its rate alone "
@@ -883,6 +943,7 @@ def decision_cost(settings: Settings) -> Measure:
             round(ratio, 3),
             f"{ratio:.2f}×",
             Goal("at most", DECISION_RATIO, f"≤ {DECISION_RATIO:g}×"),
+            short="decision cost, tree : flat",
         ),
     ]
     notes = [
@@ -923,15 +984,20 @@ def plot(measures: dict[int, Measure], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    figure, axes = plt.subplots(2, 2, figsize=(14, 12), gridspec_kw={"height_ratios": [1, 1.7]})
     _plot_ttft(axes[0][0], measures[1])
-    _plot_ratios(axes[0][1], measures[3].rows + measures[4].rows)
-    _plot_twelve(axes[1][0], measures[5])
-    graded = [row for m in measures.values() for row in m.rows if row.goal is not None]
-    _plot_margins(axes[1][1], [row for row in graded if row.goal.margin(row.value) is not None])  # type: ignore[union-attr]
-    figure.suptitle("One fair order: bands, groups, weights (simulator; decision cost: wall)")
+    _plot_twelve(axes[0][1], measures[5])
+    _plot_ratios(axes[1][0], measures[3].rows + measures[4].rows)
+    bounded = [
+        row
+        for m in measures.values()
+        for row in m.rows
+        if row.goal is not None and row.goal.margin(row.value) is not None
+    ]
+    _plot_margins(axes[1][1], bounded)
+    figure.suptitle("One fair order: bands, groups, weights (the simulator; decision cost: wall)")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
@@ -950,47 +1016,45 @@ def _plot_ttft(axis: Any, measure: Measure) -> None:
     axis.legend(fontsize=8)
 
 
-def _plot_ratios(axis: Any, rows: list[Row]) -> None:
-    """Measures 3 and 4: each run's ratio over its goal's (1 ± 5 %)."""
-    points = [
-        (index, ratio / row.goal.target)
-        for index, row in enumerate(rows)
-        if row.goal is not None
-        for ratio in row.details.get("ratios", [row.value])
-    ]
-    axis.scatter([x for x, _ in points], [y for _, y in points], s=14, color="tab:blue")
-    axis.axhspan(1 - WEIGHT_TOLERANCE, 1 + WEIGHT_TOLERANCE, color="tab:green", alpha=0.2)
-    axis.set_xticks(
-        range(len(rows)),
-        [f"{row.measure}.{i}" for i, row in enumerate(rows)],
-        fontsize=6,
-        rotation=90,
-    )
-    axis.set_ylabel("measured ratio / goal's")
-    axis.set_title("3. org A : B and 4. gold : bronze, per run (band: ±5 %)", fontsize=10)
-
-
 def _plot_twelve(axis: Any, measure: Measure) -> None:
     width = 0.4
     for offset, row in enumerate(measure.rows):
         ratios = list(row.details["ratios"].values())
         xs = [index + offset * width for index in range(len(ratios))]
-        axis.bar(xs, ratios, width, label="one gateway" if offset == 0 else "2 replicas")
+        axis.bar(xs, ratios, width, label=row.short)
     weights = TWELVE_WEIGHTS
     axis.set_xticks([i + width / 2 for i in range(len(weights))], [f"w{w}" for w in weights])
     axis.axhspan(1 - TWELVE_TOLERANCE, 1 + TWELVE_TOLERANCE, color="tab:green", alpha=0.2)
     axis.set_ylabel("part of the service / weighted share")
-    axis.set_title("5. twelve tenants (band: ±10 %)", fontsize=10)
+    axis.set_title("5. twelve tenants, weights 1 to 8 (green: ±10 %)", fontsize=10)
     axis.legend(fontsize=8)
 
 
+def _plot_ratios(axis: Any, rows: list[Row]) -> None:
+    """Measures 3 and 4: each run's ratio over the goal's (a row of seeds: every seed)."""
+    points = [
+        (ratio / row.goal.target, index)
+        for index, row in enumerate(rows)
+        if row.goal is not None
+        for ratio in row.details.get("ratios", [row.value])
+    ]
+    axis.scatter([x for x, _ in points], [y for _, y in points], s=16, color="tab:blue")
+    axis.axvspan(1 - WEIGHT_TOLERANCE, 1 + WEIGHT_TOLERANCE, color="tab:green", alpha=0.2)
+    axis.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlabel("measured ratio / the goal's (green: ±5 %)")
+    axis.set_title("3. org A : org B and 4. gold : bronze, every run", fontsize=10)
+
+
 def _plot_margins(axis: Any, rows: list[Row]) -> None:
-    margins = [row.goal.margin(row.value) or 0 for row in rows]  # type: ignore[union-attr]
+    margins = [row.goal.margin(row.value) or 0.0 for row in rows if row.goal is not None]
     colors = ["tab:green" if margin >= 1 else "tab:red" for margin in margins]
-    axis.barh([f"{row.measure}. {row.what[:48]}" for row in rows], margins, color=colors)
+    axis.barh([row.label for row in rows], margins, color=colors)
     axis.axvline(1.0, color="black", linestyle="--")
+    axis.set_xscale("log")
+    axis.invert_yaxis()
     axis.tick_params(axis="y", labelsize=7)
-    axis.set_xlabel("measured / goal (at least) or goal / measured (at most): ≥ 1 met")
+    axis.set_xlabel("measured / goal (at least), goal / measured (at most): ≥ 1 met")
     axis.set_title("goals with a bound", fontsize=10)
 
 

@@ -36,8 +36,10 @@ from fairpool.front import (
     TenantLimiter,
     Usage,
 )
-from fairpool.sched import CostModel, TenantWeights
+from fairpool.front.lifecycle import Phase
+from fairpool.sched import CostModel, Request, TenantWeights
 from fairpool.sched.registry import make_router
+from fairpool.sched.tree import Group, Shares
 
 pytestmark = pytest.mark.unit
 
@@ -760,3 +762,52 @@ def test_the_routing_tree_stays_within_its_memory_bound(prompts):
         tracemalloc.stop()
     assert front.router.cache_size() > 0
     assert sum(stat.size for stat in held) < 1.2 * bound
+
+
+@pytest.mark.parametrize(
+    ("band", "released"), [("interactive", "fast"), ("standard", "slow"), ("batch", "slow")]
+)
+def test_the_queue_releases_the_interactive_request_due_first(band: str, released: str) -> None:
+    """Two tenants of one band, equally served, one request each waiting: in the
+    interactive band the one due first (arrival + `slo.ttftSeconds`) takes the slot that
+    frees, though it came later; elsewhere the earlier one does (VTC)."""
+    now = [0.0]
+    shares = Shares(
+        {"fast": 1.0, "slow": 1.0},
+        tenant_bands={"fast": band, "slow": band},
+        ttft={"fast": 0.2, "slow": 5.0},
+    )
+    front = PoolFront.build(
+        "main",
+        "least_load",
+        COST,
+        shares,
+        TenantLimiter(clock=lambda: now[0]),
+        workers=["w0"],
+        saturation=Saturation(maxOutstanding=2, maxWaiting=10_000),
+        clock=lambda: now[0],
+    )
+    busy = [front.arrive(FrontRequest(f"b-{name}", name, "x", 100, 1)) for name in shares]
+    now[0] = 1.0
+    slow = front.arrive(FrontRequest("s", "slow", "y", 100, 1))
+    now[0] = 2.0
+    fast = front.arrive(FrontRequest("f", "fast", "z", 100, 1))
+    assert slow.phase is fast.phase is Phase.QUEUED
+    busy[0].settle(Outcome(200, Usage(100, 0, 1)))
+    assert {"fast": fast, "slow": slow}[released].phase is Phase.DISPATCHED
+
+
+def test_below_share_counts_an_organisations_tenants_as_one_share() -> None:
+    """Org A's ten tenants and org B's one, one request each in flight: B is entitled to
+    half the requests in flight, so it is below its share; each of A's to a twentieth."""
+    names = [f"a{i}" for i in range(10)] + ["b0"]
+    shares = Shares(
+        dict.fromkeys(names, 1.0),
+        groups={"org-a": Group(1.0), "org-b": Group(1.0)},
+        tenant_groups={name: "org-a" if name.startswith("a") else "org-b" for name in names},
+    )
+    queue = FairQueue(COST, shares)
+    for name in names:
+        queue.admit_now(Request(f"r-{name}", name, 10, 1))
+    assert queue.below_share("b0") == pytest.approx(12 * 0.5 - 2)
+    assert queue.below_share("a0") is None  # 12 / 20 < 2

@@ -314,6 +314,32 @@ def test_a_pool_keeps_only_the_tenants_allowed_in_it() -> None:
     assert (chat.min_shares["standard"], code.min_shares["standard"]) == (0.1, 0.2)
 
 
+def test_first_token_targets_reach_the_gateways_queue_and_not_the_engines() -> None:
+    """`slo.ttftSeconds` orders the interactive band by deadline in the gateway's queue
+    (`Shares.ttft`); the engines' scheduler configuration leaves it out."""
+    tenants = [
+        {"tenant": "chat", "slo": {"class": "interactive", "ttftSeconds": 0.5}},
+        {"tenant": "jobs", "slo": {"class": "batch", "ttftSeconds": 30}},
+        {"tenant": "plain"},
+    ]
+    config = GatewayConfig.model_validate(
+        {
+            "pools": [{"name": "chat", "model": "m", "workers": {"urls": ["http://a:1"]}}],
+            "tenants": tenants,
+        }
+    )
+    shares = config.shares("chat")
+    assert shares.ttft == {"chat": 0.5, "jobs": 30.0}
+    assert shares.due("chat", 10.0) == 10.5
+    assert shares.due("jobs", 10.0) == float("inf")  # batch: no deadlines
+    assert shares.due("chat@batch", 10.0) == float("inf")  # its batch job neither
+    order = fair_order(
+        [TenantPlace("chat", band="interactive", ttft=0.5), TenantPlace("plain")], {}
+    )
+    assert order.ttft == {"chat": 0.5}
+    assert order.shares().ttft == {"chat": 0.5}
+
+
 def test_fair_order_writes_only_what_differs_from_the_defaults() -> None:
     order = fair_order(
         [TenantPlace("a", 2.0), TenantPlace("b", band="batch"), TenantPlace("c", group="x")],

@@ -251,7 +251,9 @@ class GatewayTenant(Spec):
 
     def place(self) -> TenantPlace:
         """Where the tenant is in the fair order's tree."""
-        return TenantPlace(self.tenant, self.weight, self.group, self.slo.slo_class)
+        return TenantPlace(
+            self.tenant, self.weight, self.group, self.slo.slo_class, self.slo.ttft_seconds
+        )
 
 
 class Timeouts(Spec):

@@ -66,6 +66,7 @@ def shares(
     tenant_groups: Mapping[str, str],
     tenant_bands: Mapping[str, str],
     bands: Mapping[Any, BandShare],
+    ttft: Mapping[str, float] | None = None,
 ) -> Shares:
     """The tree these settings describe (ConfigError naming the field if it is not one)."""
     return Shares(
@@ -75,4 +76,5 @@ def shares(
         tenant_groups=tenant_groups,
         tenant_bands=tenant_bands,
         min_shares={band: share.min_share for band, share in bands.items()},
+        ttft=ttft,
     )

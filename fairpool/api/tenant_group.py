@@ -25,7 +25,7 @@ all build theirs with it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -126,6 +126,7 @@ class TenantPlace:
     weight: float = 1.0
     group: str | None = None
     band: Band = "standard"
+    ttft: float | None = None  # its slo.ttftSeconds: its requests' deadlines, if interactive
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,9 @@ class FairOrder:
     tenant_groups: dict[str, str]
     tenant_bands: dict[str, Band]
     bands: dict[Band, BandShare]
+    #: tenant → its slo.ttftSeconds, for the gateway's queue (deadlines in the interactive
+    #: band); the engines' configuration leaves it out.
+    ttft: dict[str, float] = field(default_factory=dict)
 
     def shares(self, default_weight: float = 1.0) -> Shares:
         """The tree the schedulers run (ConfigError naming the field if it is not one)."""
@@ -150,6 +154,7 @@ class FairOrder:
             self.tenant_groups,
             self.tenant_bands,
             bands,
+            self.ttft,
         )
 
 
@@ -170,6 +175,7 @@ def fair_order(
         tenant_groups=tenant_groups,
         tenant_bands={place.tenant: place.band for place in placed if place.band != DEFAULT_BAND},
         bands=dict(default_bands() if bands is None else bands),
+        ttft={place.tenant: place.ttft for place in placed if place.ttft is not None},
     )
     order.shares()  # the whole tree checked, unused groups included
     used: dict[str, GroupShare] = {}

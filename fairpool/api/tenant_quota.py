@@ -167,7 +167,9 @@ class TenantQuota(BaseModel):
     def place(self) -> TenantPlace:
         """Where the tenant is in the fair order's tree."""
         spec = self.spec
-        return TenantPlace(self.tenant, spec.weight, spec.group, spec.slo.slo_class)
+        return TenantPlace(
+            self.tenant, spec.weight, spec.group, spec.slo.slo_class, spec.slo.ttft_seconds
+        )
 
 
 def tenant_shares(

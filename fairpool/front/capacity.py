@@ -187,11 +187,8 @@ class CapacityGate:
     def within_share_at(self, worker: WorkerState, tenant: str) -> bool:
         """Would `tenant` be within its weighted share of `worker`'s requests from this
         front with one more? Only there can the engine's fair memory sharing protect it."""
-        weights = self.queue.weights
-        total_weight = weights[tenant] + sum(
-            weights[other] for other in worker.tenants if other != tenant
-        )
-        share = (worker.outstanding + 1) * weights[tenant] / total_weight
+        part = self.queue.weights.parts({*worker.tenants, tenant})[tenant]
+        share = (worker.outstanding + 1) * part
         return worker.tenants.get(tenant, 0) + 1 <= share
 
     def may_dispatch_now(self, tenant: str) -> bool:

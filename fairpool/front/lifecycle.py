@@ -375,20 +375,14 @@ class PoolFront:
             "max_tree_nodes": max_tree_bytes and max_tree_bytes // (2 * TREE_NODE_BYTES),
             "chains": chains,
         }
-        accepted = router_parameters(routing.policy)
-        router = make_router(
-            routing.policy,
-            cost=cost,
-            weights=weights,
-            **{key: value for key, value in options.items() if key in accepted and value},
-        )
-        queue = FairQueue(cost, weights, policy=routing.queue_policy, clock=clock)
-        return cls(
+        return cls.build(
             name,
-            router,
-            queue,
-            limiter,
+            routing.policy,
             cost,
+            weights,
+            limiter,
+            router_options=options,
+            queue_policy=routing.queue_policy,
             saturation=saturated_when,
             queue_timeout=routing.queue_timeout_seconds,
             clock=clock,
@@ -396,6 +390,37 @@ class PoolFront:
             wait_for_workers=routing.wait_for_workers,
             fair_engines=fair_engines,
         )
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        router: str,
+        cost: CostModel,
+        weights: Mapping[str, float],
+        limiter: Limiter,
+        *,
+        workers: Iterable[str] = (),
+        router_options: Mapping[str, Any] | None = None,
+        queue_policy: str = "vtc",
+        clock: Callable[[], float] = time.monotonic,
+        **front: Any,
+    ) -> PoolFront:
+        """A pool's front — router, fair queue, capacity gate, lifecycle — as the gateway
+        (`for_routing`) and the simulator build it: the router named `router` with those of
+        `router_options` it takes and that are set, a fair queue of `queue_policy`, and
+        `front` (saturation, queue timeout, ...) as `PoolFront` takes them."""
+        accepted = router_parameters(router)
+        options = {key: value for key, value in (router_options or {}).items() if value}
+        made = make_router(
+            router,
+            workers,
+            cost=cost,
+            weights=weights,
+            **{key: value for key, value in options.items() if key in accepted},
+        )
+        queue = FairQueue(cost, weights, policy=queue_policy, clock=clock)
+        return cls(name, made, queue, limiter, cost, clock=clock, **front)
 
     # ------------------------------------------------------------------ the capacity gate
 
@@ -460,6 +485,7 @@ class PoolFront:
             flight.flow,
             request.input_tokens,
             max(request.output_limit or 0, 1),
+            arrival=flight.arrival,  # its deadline's start, where its band has deadlines
         )
         try:
             if self.gate.may_dispatch_now(flight.flow):

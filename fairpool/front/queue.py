@@ -171,11 +171,10 @@ class FairQueue:
     def below_share(self, tenant: str) -> float | None:
         """How far below its weighted share of the requests in flight `tenant` would be
         with one more (in requests; None if it would be at or above it). Tenants with a
-        request queued or in flight share; weights as the queue's."""
+        request queued or in flight share, by the fair order's tree (`Shares.parts`)."""
         policy = self._policy
-        active = policy.active_tenants() | {tenant}
-        total_weight = sum(policy.weights[other] for other in active)
-        share = (policy.running_count + 1) * policy.weights[tenant] / total_weight
+        part = policy.weights.parts(policy.active_tenants() | {tenant})[tenant]
+        share = (policy.running_count + 1) * part
         below = share - (policy.tenant_running(tenant) + 1)
         return below if below >= 0 else None
 

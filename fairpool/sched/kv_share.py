@@ -80,11 +80,9 @@ def excess(held: dict[str, int], active: Iterable[str], weights: TenantWeights) 
     """Per active tenant: tokens held beyond its weighted share of everything held
     (negative: below its share)."""
     tenants = set(active) | set(held)
-    total_weight = sum(weights[tenant] for tenant in tenants)
+    parts = Shares.of(weights).parts(tenants)  # by the fair order's tree
     total = sum(held.values())
-    return {
-        tenant: held.get(tenant, 0) - total * weights[tenant] / total_weight for tenant in tenants
-    }
+    return {tenant: held.get(tenant, 0) - total * parts[tenant] for tenant in tenants}
 
 
 def band_of(weights: TenantWeights) -> BandOf:

@@ -35,6 +35,7 @@ search are in `docs/scheduling.md` ("The tree").
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ from fairpool.sched.errors import ConfigError, require_positive
 BAND_NAMES = ("interactive", "standard", "batch")
 #: A tenant's band when its configuration names none.
 DEFAULT_BAND = "standard"
+#: The band whose requests are ordered by deadline (`slo.ttftSeconds`) where the fair order
+#: leaves a choice (`FairTree.slack`).
+DEADLINE_BAND = "interactive"
+
 #: The minimum share of each band while another band has work (the highest band's is
 #: meaningless: it goes first anyway).
 DEFAULT_MIN_SHARES = {"interactive": 0.0, "standard": 0.10, "batch": 0.05}
@@ -97,12 +102,18 @@ class Shares(TenantWeights):
         tenant_groups: Mapping[str, str] | None = None,
         tenant_bands: Mapping[str, str] | None = None,
         min_shares: Mapping[str, float] | None = None,
+        ttft: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(weights, default)
         self.groups = dict(groups or {})
         self.tenant_groups = dict(tenant_groups or {})
         self.tenant_bands = {t: require_band(b) for t, b in (tenant_bands or {}).items()}
         self.min_shares = {**DEFAULT_MIN_SHARES, **(min_shares or {})}
+        #: tenant → its first-token target in seconds (`slo.ttftSeconds`), for the deadlines
+        #: of its requests in the band that orders by them (`DEADLINE_BAND`).
+        self.ttft = {
+            t: require_positive(f"tenants[{t}].ttftSeconds", s) for t, s in (ttft or {}).items()
+        }
         self._check()
         self._node_paths: dict[str, tuple[str, ...]] = {}  # flow → its nodes (memo)
         self._flat = not self.tenant_groups and not self.tenant_bands
@@ -120,6 +131,72 @@ class Shares(TenantWeights):
         """The band a flow runs in."""
         tenant, _, band = flow_id.partition(BAND_SEPARATOR)
         return band or self.tenant_bands.get(tenant, DEFAULT_BAND)
+
+    def due(self, flow_id: str, arrival: float) -> float:
+        """When a request of `flow_id` that arrived at `arrival` is due its first token:
+        its tenant's `ttft` after, if the flow runs in `DEADLINE_BAND`; never (inf)
+        otherwise."""
+        target = self.ttft.get(tenant_of(flow_id))
+        if target is None or self.band_of(flow_id) != DEADLINE_BAND:
+            return math.inf
+        return arrival + target
+
+    def parts(self, flows: Iterable[str]) -> dict[str, float]:
+        """Each of `flows` (those with work)'s part of the service the tree entitles them
+        to among themselves: the highest band with work what the lower bands' minimum
+        shares leave, each lower band with work its minimum share; inside a band, at every
+        level, a node's part is its parent's times its weight over the weights of its
+        siblings with work. Over a flat table: weight over the weights' sum."""
+        flows = set(flows)
+        if not flows:
+            return {}
+        if self.flat() and not any(BAND_SEPARATOR in name for name in flows):
+            total = sum(self[name] for name in flows)
+            return {name: self[name] / total for name in flows}
+        by_band: dict[str, list[str]] = defaultdict(list)
+        for name in flows:
+            by_band[self.band_of(name)].append(name)
+        bands = [band for band in BAND_NAMES if band in by_band]
+        band_part = {band: self.min_shares[band] for band in bands[1:]}
+        band_part[bands[0]] = 1.0 - sum(band_part.values())
+        parts: dict[str, float] = {}
+        for band, members in by_band.items():
+            parts.update(self._split(band_part[band], [self.node_path(f) for f in members]))
+        return parts
+
+    def _split(self, part: float, paths: list[tuple[str, ...]]) -> dict[str, float]:
+        """`part` divided among the nodes first on `paths` by weight, then down each."""
+        children: dict[str, list[tuple[str, ...]]] = defaultdict(list)
+        for path in paths:
+            children[path[0]].append(path[1:])
+        total = sum(self.node_weight(node) for node in children)
+        parts: dict[str, float] = {}
+        for node, rests in children.items():
+            share = part * self.node_weight(node) / total
+            below = [rest for rest in rests if rest]
+            if below:
+                parts.update(self._split(share, below))
+            else:
+                parts[node] = share  # a flow
+        return parts
+
+    def without_deadlines(self) -> Shares:
+        """The same tree without first-token targets: what the engines run (their
+        configuration leaves the targets out; docs/scheduling.md)."""
+        if not self.ttft:
+            return self
+        return Shares(
+            dict(self),
+            self.default,
+            groups=self.groups,
+            tenant_groups=self.tenant_groups,
+            tenant_bands=self.tenant_bands,
+            min_shares=self.min_shares,
+        )
+
+    def orders_by_deadline(self, flow_id: str) -> bool:
+        """Whether the flows beside `flow_id` (its band's) may be ordered by deadline."""
+        return bool(self.ttft) and self.band_of(flow_id) == DEADLINE_BAND
 
     def tenant_band(self, tenant: str) -> str:
         return self.tenant_bands.get(tenant, DEFAULT_BAND)
@@ -282,30 +359,27 @@ class FairTree:
 
     def candidates(self, waiting: Iterable[str]) -> list[str]:
         """The flows the next request may come from, among the `waiting` flows (those with
-        a request waiting): the band that goes next, then at each depth the child with the
-        smallest counter, until a node whose child with the smallest counter is a flow;
-        then every waiting flow under that node (a policy that orders by counters alone
-        takes the one with the smallest; DLPM chooses among them by deficit and prefix)."""
-        waiting = list(waiting)
-        if not waiting:
+        a request waiting, as `join` and `leave` told the tree): the band that goes next,
+        then at each depth the child with work with the smallest counter, until a node
+        whose child with the smallest counter is a flow; then every flow with work under
+        that node (a policy that orders by counters alone takes the one with the smallest;
+        DLPM chooses among them by deficit and prefix). It walks the tree's own record of
+        the nodes with work, so a decision costs the depth times the siblings, not the
+        number of flows."""
+        if self.shares.flat() and not self._other_bands:
+            return list(waiting)  # one level, one band: every waiting flow is a candidate
+        bands = {band for band in BAND_NAMES if self._waiting[band] > 0}
+        if not bands:
             return []
-        shares = self.shares
-        if shares.flat() and not self._other_bands:
-            return waiting  # one level, one band: every waiting flow is a candidate
-        band = self._band_to_serve({self.shares.band_of(f) for f in waiting})
-        in_band = {f for f in waiting if self.shares.band_of(f) == band}
-        paths = {f: self.shares.node_path(f)[:-1] for f in in_band}
-        depth = 0
+        band = self._band_to_serve(bands)
+        counters = self.counters[band]
+        node: Node = (band, "")
         while True:
-            children: dict[str, list[str]] = defaultdict(list)  # child at this depth → flows
-            for f, path in paths.items():
-                children[path[depth] if depth < len(path) else f].append(f)
-            counters = self.counters[band]
-            chosen = min(children, key=lambda name: (counters[name], name))
-            if chosen in paths:  # a flow: its waiting siblings are the choice
-                return sorted(f for f in children if f in paths)
-            paths = {f: paths[f] for f in children[chosen]}
-            depth += 1
+            active = self._levels[node].active
+            chosen = min(active, key=lambda name: (counters[name], name))
+            if not chosen.startswith(GROUP_MARK):  # a flow: its siblings with work
+                return sorted(name for name in active if not name.startswith(GROUP_MARK))
+            node = (band, chosen)
 
     def next_flow(self, waiting: Iterable[str]) -> str | None:
         """The flow VTC's order takes next: the candidate with the smallest counter."""
@@ -317,6 +391,12 @@ class FairTree:
 
     def counter(self, flow_id: str) -> float:
         return self.counters[self.shares.band_of(flow_id)][flow_id]
+
+    def slack(self, flow_id: str) -> float:
+        """How far above the least-served candidate's counter `flow_id`'s may be and still
+        be a choice for deadlines: one request's worth of its service (the largest single
+        charge seen, over its weight)."""
+        return self._largest_charge / self.shares.node_weight(flow_id)
 
     def band_counters(self, flow_id: str) -> defaultdict[str, float]:
         """The counters of `flow_id`'s band, by node: a candidate's rank, without a lookup

@@ -31,7 +31,6 @@ from typing import Any, Literal
 from fairpool.api.inference_pool import Saturation
 from fairpool.api.tenant_quota import TenantLimits, tenant_id
 from fairpool.front import (
-    FairQueue,
     Flight,
     FrontListener,
     FrontRequest,
@@ -55,9 +54,7 @@ from fairpool.sched.errors import (
 )
 from fairpool.sched.registry import (
     make_policy,
-    make_router,
     policy_parameters,
-    router_parameters,
 )
 from fairpool.sched.requests import Request
 from fairpool.sched.tree import Shares, require_band
@@ -200,6 +197,8 @@ class Fleet:
         self.config = config
         self.tokens = SegmentTokens(seed)
         self.now = 0.0
+        #: The fair order's tree (bands, groups) of the weights: each request's flow.
+        self.shares = Shares.of(config.weights)
         self.engines = [
             SimEngine(
                 self._policy(),
@@ -214,8 +213,6 @@ class Fleet:
             for index in range(config.workers)
         ]
         self._positions = {engine.name: position for position, engine in enumerate(self.engines)}
-        #: The fair order's tree (bands, groups) of the weights: each request's flow.
-        self.shares = Shares.of(config.weights)
         self.recorder = Recorder(self.shares, [engine.name for engine in self.engines])
         self._busy: list[tuple[float, int]] = []  # see run()
         limiter = TenantLimiter(clock=self._clock)  # the replicas' shared state
@@ -242,24 +239,18 @@ class Fleet:
 
     def _front(self, limiter: TenantLimiter) -> PoolFront:
         config = self.config
-        router_params = {"worker_quantum": config.worker_quantum, "min_match": config.min_match}
-        accepted = router_parameters(config.router)
-        router = make_router(
-            config.router,
-            [engine.name for engine in self.engines],
-            cost=config.cost,
-            weights=config.weights,
-            **{key: value for key, value in router_params.items() if key in accepted and value},
-        )
         fair_engines = config.fair_engines
         if fair_engines is None:
             fair_engines = self.engines[0].policy.weighs_tenants
-        return PoolFront(
+        return PoolFront.build(
             POOL,
-            router,
-            FairQueue(config.cost, config.weights, policy=config.queue_policy, clock=self._clock),
-            limiter,
+            config.router,
             config.cost,
+            config.weights,
+            limiter,
+            workers=[engine.name for engine in self.engines],
+            router_options={"worker_quantum": config.worker_quantum, "min_match": config.min_match},
+            queue_policy=config.queue_policy,
             saturation=config.saturation,
             queue_timeout=config.queue_timeout,
             clock=self._clock,
@@ -339,9 +330,8 @@ class Fleet:
                     "quantum", f"policy {self.config.policy!r} does not take a quantum"
                 )
             params["quantum"] = self.config.quantum
-        return make_policy(
-            self.config.policy, cost=self.config.cost, weights=self.config.weights, **params
-        )
+        weights = self.shares.without_deadlines()  # as the engines' configuration has them
+        return make_policy(self.config.policy, cost=self.config.cost, weights=weights, **params)
 
     # ------------------------------------------------------------------ running
 

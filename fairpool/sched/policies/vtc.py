@@ -21,6 +21,8 @@ Algorithm 2, and over bands and groups its hierarchical form.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fairpool.sched.policy import LocalPolicy, Waiting
 from fairpool.sched.requests import EngineView
 
@@ -44,7 +46,33 @@ class VTC(LocalPolicy):
         candidates = self.tree.candidates(self._queues)
         if not candidates:
             return None
-        return self._first_head(self.tree.band_counters(candidates[0]), candidates)
+        counters = self.tree.band_counters(candidates[0])
+        if self.weights.orders_by_deadline(candidates[0]):
+            return self._earliest_due(candidates, counters)
+        return self._first_head(counters, candidates)
+
+    def _earliest_due(self, candidates: list[str], counters: Mapping[str, float]) -> Waiting:
+        """Deadlines where the fair order leaves a choice (EDF, the interactive band's
+        tenants with `slo.ttftSeconds`): among the candidate flows within one request's
+        worth of the least served (`FairTree.slack`), the head request due first (its
+        arrival plus its tenant's target); ties, and flows without a target, by counter,
+        then arrival. A flow further ahead is never chosen for its deadline, so the
+        counters of the flows waiting stay within 2U/w_min of each other instead of
+        VTC's U/w_min (docs/scheduling.md, "The fair order")."""
+        least = min(counters[name] for name in candidates)
+        shares, queues = self.weights, self._queues
+        best: Waiting | None = None
+        best_key = (0.0, 0.0, 0)
+        for name in candidates:
+            counter = counters[name]
+            if counter - least > self.tree.slack(name):
+                continue
+            head = queues[name][0]
+            key = (shares.due(name, head.request.arrival), counter, head.order)
+            if best is None or key < best_key:
+                best, best_key = head, key
+        assert best is not None  # the least served is always within its own slack
+        return best
 
     def tenant_state(self) -> dict[str, float]:
         return self.tree.flow_counters()

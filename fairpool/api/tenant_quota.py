@@ -94,7 +94,7 @@ class TenantLimits(Spec):
 
 
 class ServiceLevel(Spec):
-    """The tenant's band, and the latency targets the SLO-aware policies read."""
+    """The tenant's band, and its latency targets (deadlines and counted misses)."""
 
     slo_class: SloClass = Field(
         default="standard",
@@ -105,10 +105,22 @@ class ServiceLevel(Spec):
         "(InferencePool spec.scheduler.bands) while it has requests waiting.",
     )
     ttft_seconds: float | None = Field(
-        default=None, gt=0, alias="ttftSeconds", description="Target time to first token."
+        default=None,
+        gt=0,
+        alias="ttftSeconds",
+        description="Target time to first token, in seconds. In the interactive band it is "
+        "each request's deadline (its arrival plus this): the gateway's fair queue takes the "
+        "request due first among tenants within one request's worth of service of the least "
+        "served, never further. Answers that miss it are counted "
+        "(fairpool_gateway_ttft_deadline_misses).",
     )
     tbt_seconds: float | None = Field(
-        default=None, gt=0, alias="tbtSeconds", description="Target time between tokens."
+        default=None,
+        gt=0,
+        alias="tbtSeconds",
+        description="Target mean time between tokens of a streamed answer, in seconds: "
+        "answers that miss it are counted (fairpool_gateway_tbt_target_misses); it does not "
+        "change the order.",
     )
 
 

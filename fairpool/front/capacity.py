@@ -185,10 +185,15 @@ class CapacityGate:
         return others_queued and self.queue.below_share(tenant) is not None
 
     def within_share_at(self, worker: WorkerState, tenant: str) -> bool:
-        """Would `tenant` be within its weighted share of `worker`'s requests from this
-        front with one more? Only there can the engine's fair memory sharing protect it."""
-        part = self.queue.weights.parts({*worker.tenants, tenant})[tenant]
-        share = (worker.outstanding + 1) * part
+        """Would `tenant` be within its weighted share of `worker`'s requests of its band
+        from this front with one more? Only there can the engine's fair memory sharing
+        protect it (it shares memory within a band; between bands, the lower's is taken
+        first)."""
+        weights = self.queue.weights
+        band = weights.band_of(tenant)
+        in_band = {f: n for f, n in worker.tenants.items() if weights.band_of(f) == band}
+        part = weights.parts({*in_band, tenant})[tenant]
+        share = (sum(in_band.values()) + 1) * part
         return worker.tenants.get(tenant, 0) + 1 <= share
 
     def may_dispatch_now(self, tenant: str) -> bool:

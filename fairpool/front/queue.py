@@ -171,10 +171,14 @@ class FairQueue:
     def below_share(self, tenant: str) -> float | None:
         """How far below its weighted share of the requests in flight `tenant` would be
         with one more (in requests; None if it would be at or above it). Tenants with a
-        request queued or in flight share, by the fair order's tree (`Shares.parts`)."""
+        request queued or in flight in its band share, by the fair order's tree
+        (`Shares.parts`); between bands the order's strict priority and minimum shares
+        decide, wherever the requests wait."""
         policy = self._policy
-        part = policy.weights.parts(policy.active_tenants() | {tenant})[tenant]
-        share = (policy.running_count + 1) * part
+        band = policy.weights.band_of(tenant)
+        in_band = {f for f in policy.active_tenants() if policy.weights.band_of(f) == band}
+        part = policy.weights.parts(in_band | {tenant})[tenant]
+        share = (sum(policy.tenant_running(f) for f in in_band) + 1) * part
         below = share - (policy.tenant_running(tenant) + 1)
         return below if below >= 0 else None
 

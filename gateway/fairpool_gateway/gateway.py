@@ -12,6 +12,7 @@ import aiohttp
 import httpx
 
 from fairpool.api.gateway_config import GatewayConfig, load_gateway_config
+from fairpool.api.tenant_quota import ServiceLevel
 from fairpool.files import FileWatch
 from fairpool.front import FrontListener, Limiter, TenantLimiter
 from fairpool.runtime import LoopLag, cancel_and_wait
@@ -59,7 +60,7 @@ class Gateway:
         # in Redis when `sharedState` says where (fixed at start, not reloaded).
         self.shared: SharedLimiter | None = None
         self.limiter: Limiter = TenantLimiter()
-        self.ledger = RequestLedger(self.metrics, self._ttft_target)
+        self.ledger = RequestLedger(self.metrics, self._slo)
         #: What every pool's front tells (one list, shared by all pools): the metrics and
         #: log first; more may be added while the gateway runs.
         self.listeners: list[FrontListener] = [self.ledger]
@@ -202,9 +203,9 @@ class Gateway:
         admin = self.config.admin
         return ConnectionLimits(admin.max_connections, admin.max_connections_per_client)
 
-    def _ttft_target(self, tenant: str) -> float | None:
+    def _slo(self, tenant: str) -> ServiceLevel | None:
         spec = self.tenants.tenants.get(tenant)
-        return None if spec is None else spec.slo.ttft_seconds
+        return None if spec is None else spec.slo
 
     def _storms(self) -> Storms:
         clients = self.config.clients

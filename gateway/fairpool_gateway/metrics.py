@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fairpool.api.tenant_quota import ServiceLevel
 from fairpool.front import Flight, FrontListener, FrontRequest, Rejection, Settlement
 from fairpool.runtime import LoopLag
 from fairpool.sched.routers import RouteDecision
@@ -120,6 +121,14 @@ class GatewayMetrics:
             "fairpool_gateway_ttft_deadline_misses",
             "Answered requests whose first token came later than their tenant's "
             "slo.ttftSeconds (counted, never reordered past the fair order).",
+            (*labels, "band"),
+            registry=self.registry,
+        )
+        self.tbt_missed = Counter(
+            "fairpool_gateway_tbt_target_misses",
+            "Answered streams whose mean time between tokens (from the first token to the "
+            "end, over the tokens after the first) was longer than their tenant's "
+            "slo.tbtSeconds.",
             (*labels, "band"),
             registry=self.registry,
         )
@@ -269,11 +278,11 @@ class RequestLedger(FrontListener):
     def __init__(
         self,
         metrics: GatewayMetrics,
-        ttft_target: Callable[[str], float | None] = lambda tenant: None,
+        slo: Callable[[str], ServiceLevel | None] = lambda tenant: None,
     ) -> None:
         self.metrics = metrics
         self.refusal_log = SampledLog()
-        self.ttft_target = ttft_target  # tenant → its slo.ttftSeconds
+        self.slo = slo  # tenant → its slo (targets: ttftSeconds, tbtSeconds)
 
     def refused(
         self, request_id: str | None, tenant: str, pool: str, status: int, reason: str
@@ -296,6 +305,21 @@ class RequestLedger(FrontListener):
                 "suppressed": suppressed,
             },
         )
+
+    def _count_missed_targets(self, settlement: Settlement, ttft: float) -> None:
+        """Count an answer that missed its tenant's slo.ttftSeconds or slo.tbtSeconds (the
+        mean gap between its tokens after the first): counted, never acted on."""
+        slo = self.slo(settlement.request.tenant)
+        if slo is None:
+            return
+        labels = (settlement.request.tenant, settlement.pool, settlement.band)
+        if slo.ttft_seconds is not None and ttft > slo.ttft_seconds:
+            self.metrics.ttft_missed.labels(*labels).inc()
+        gaps = settlement.completion_tokens - 1
+        if slo.tbt_seconds is not None and gaps > 0 and settlement.first_token_at is not None:
+            mean_gap = (settlement.finished_at - settlement.first_token_at) / gaps
+            if mean_gap > slo.tbt_seconds:
+                self.metrics.tbt_missed.labels(*labels).inc()
 
     def rejected(self, pool: str, request: FrontRequest, rejection: Rejection) -> None:
         self.refused(request.request_id, request.tenant, pool, 429, rejection.reason)
@@ -329,9 +353,7 @@ class RequestLedger(FrontListener):
             if settlement.first_token_at is not None:
                 ttft = settlement.first_token_at - settlement.arrival
                 self.metrics.ttft.labels(tenant, pool).observe(ttft)
-                target = self.ttft_target(tenant)
-                if target is not None and ttft > target:
-                    self.metrics.ttft_missed.labels(tenant, pool, settlement.band).inc()
+                self._count_missed_targets(settlement, ttft)
         log.info(
             "request done",
             extra={

@@ -28,12 +28,13 @@ def ratio(
     gold_weight: float,
     engines: str = "vtc",
     share_state: bool = True,
+    memory_tokens: int = 2048,
 ) -> float:
     """gold : bronze service between WARMUP and END, both flooding (24 streams each)."""
     weights = TenantWeights({"gold": gold_weight, "bronze": 1.0})
     config = FleetConfig.from_profile(
         get_profile("llama2-7b-a10g"),
-        memory_tokens=2048,
+        memory_tokens=memory_tokens,
         workers=2,
         policy=engines,
         router="d2lpm",
@@ -79,3 +80,17 @@ def test_before_stock_engines_the_shared_queues_hold_the_weights_across_replicas
 def test_replicas_deciding_alone_each_tenant_through_its_own_the_weights_collapse():
     assert ratio(1, "tenant", False, 4.0, engines="fcfs") == pytest.approx(4.0, rel=0.1)
     assert ratio(2, "tenant", False, 4.0, engines="fcfs", share_state=False) < 2.0
+
+
+@pytest.mark.parametrize("gold_weight", [2.0, 4.0])
+@pytest.mark.parametrize(("engines", "fair_engines"), [("vtc", True), ("fcfs", False)])
+def test_with_room_in_the_engines_two_spread_replicas_keep_the_weights(
+    engines, fair_engines, gold_weight
+):
+    """KV caches large enough that only the cap binds: the replicas' shared queues decide.
+    A tenant joining one replica's queue while it waits at another is not lifted (it has
+    been backlogged all along); lifting it there cost it its credit each time, and 4 : 1
+    came out 2.92 : 1. (Three and four replicas still fall short: 2.5-3.3 : 1,
+    docs/benchmarks.md.)"""
+    measured = ratio(2, "spread", fair_engines, gold_weight, engines, memory_tokens=10_000)
+    assert measured == pytest.approx(gold_weight, rel=0.05)

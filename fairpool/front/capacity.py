@@ -158,7 +158,7 @@ class CapacityGate:
         if peers is None or limits is None or not self.queue.weighs_tenants:
             return True
         counter = self.queue.counter(tenant)
-        if not self.queue.queued(tenant):  # joining: VTC lifts it to the least waiting
+        if not self.queue.queued(tenant) and not peers.queued(tenant):  # joining: lifted
             counter = max(counter, min(peers.waiting_counters(), default=counter))
         ahead = peers.queued_before(tenant, counter)
         return ahead == 0 or self.open_slots(limits) > ahead

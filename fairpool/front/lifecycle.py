@@ -516,7 +516,7 @@ class PoolFront:
         """Decide with the gateway's other replicas (`fairpool.front.peers`): their
         requests count in the saturation cap, their queued tenants in the fair order."""
         self.gate.peers = peers
-        self.queue.wait_with(peers.waiting_counters)
+        self.queue.wait_with(peers.waiting_counters, peers.queued)
         self.release_waiting()
 
     def replica_state(self) -> ReplicaState:

@@ -119,10 +119,16 @@ class FairQueue:
         counts in this queue's order too."""
         self._policy.charge_elsewhere(tenant, service)
 
-    def wait_with(self, counters: Callable[[], Iterable[float]]) -> None:
+    def wait_with(
+        self,
+        counters: Callable[[], Iterable[float]],
+        queued: Callable[[str], bool] = lambda tenant: False,
+    ) -> None:
         """`counters` gives the counters of the tenants waiting at the other replicas: a
-        tenant that starts waiting here is lifted to the smallest of all (VTC's lift)."""
+        tenant that starts waiting here is lifted to the smallest of all (VTC's lift) —
+        unless `queued` says it waits at another replica: it has been backlogged all along."""
         self._policy.waiting_elsewhere = counters
+        self._policy.queued_elsewhere = queued
 
     def finish(self, request_id: str, served: Tokens) -> None:
         """An admitted request is over: its charge is corrected to `served` (a part left

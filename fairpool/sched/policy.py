@@ -103,6 +103,9 @@ class LocalPolicy(ABC):
         #: The counters of tenants waiting in other queues that share this one's order
         #: (a gateway's replicas, `fairpool.front.peers`); an engine has none.
         self.waiting_elsewhere: Callable[[], Iterable[float]] = tuple
+        #: Whether a flow has requests waiting at another queue that shares this one's
+        #: order: it is backlogged there, so joining here it is not lifted.
+        self.queued_elsewhere: Callable[[str], bool] = lambda flow: False
 
     @property
     def weights(self) -> Shares:
@@ -405,7 +408,10 @@ class LocalPolicy(ABC):
     def _join(self, tenant: str, idle: bool) -> None:
         """`tenant` (a flow) gets its first waiting request: the tree lifts it, and the
         counters of the tenants waiting at a gateway's other replicas count in the lift."""
-        self.tree.join(tenant, self.waiting_elsewhere())
+        if self.queued_elsewhere(tenant):  # backlogged at another replica all along
+            self.tree.join(tenant, lift=False)
+        else:
+            self.tree.join(tenant, self.waiting_elsewhere())
         self._on_join(tenant, idle)
 
     def _enqueue(self, entry: Waiting, front: bool) -> None:

@@ -297,7 +297,7 @@ class FairTree:
 
     # ------------------------------------------------------------------ events
 
-    def join(self, flow_id: str, lift_floor: Iterable[float] = ()) -> None:
+    def join(self, flow_id: str, lift_floor: Iterable[float] = (), lift: bool = True) -> None:
         """`flow_id` has work now. Every node on its path that had none is lifted (VTC's
         lift, at its level); `lift_floor` adds counters of sibling flows waiting elsewhere
         (a gateway's other replicas) to the flow's own lift."""
@@ -314,8 +314,8 @@ class FairTree:
             level = self._levels[parent]
             node = (band, name)
             if name not in level.active:
-                extra = lift_floor if name == flow_id else ()
-                self._lift(node, level, extra)
+                if lift:
+                    self._lift(node, level, lift_floor if name == flow_id else ())
                 level.active.add(name)
             parent = node
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from fairpool.sched.requests import EngineSnapshot, Request, Running
 
@@ -45,3 +46,19 @@ def drain(
         snapshot.running.append(Running(chosen))
         admitted.append(chosen)
     return admitted
+
+
+def tenant_group(
+    name: str, weight: float = 1.0, parent: str | None = None, namespace: str | None = None
+) -> dict[str, Any]:
+    """A TenantGroup manifest."""
+    spec: dict[str, Any] = {"weight": weight}
+    if parent is not None:
+        spec["parent"] = parent
+    metadata = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
+    return {
+        "apiVersion": "fairpool.io/v1alpha1",
+        "kind": "TenantGroup",
+        "metadata": metadata,
+        "spec": spec,
+    }

@@ -26,6 +26,7 @@ pytest.importorskip("kmock", reason="kmock (the dev extra) emulates the API")
 import kmock
 import kmock_shim
 import kopf
+from helpers import tenant_group
 from kmock_shim import Refusal, faithful_kmock
 from kopf.testing import KopfRunner
 
@@ -65,15 +66,7 @@ def tenant(name: str, weight: float, pools: list[str]) -> dict[str, Any]:
 
 
 def group(name: str, weight: float = 1, parent: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"weight": weight}
-    if parent is not None:
-        spec["parent"] = parent
-    return {
-        "apiVersion": "fairpool.io/v1alpha1",
-        "kind": "TenantGroup",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }
+    return tenant_group(name, weight, parent, namespace=NS)
 
 
 def secret(name: str, key: str, labelled: bool = True) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import tenant_group as group
 from operator_fakes import FakeApi
 from polling import DEADLINE, wait_until
 
@@ -601,18 +602,6 @@ def test_the_operator_counts_its_reconciles_writes_and_refusals() -> None:
 
 
 # --- the fair order's tree: TenantGroups, groups of tenants, bands -------------------------------
-
-
-def group(name: str, weight: float = 1, parent: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"weight": weight}
-    if parent is not None:
-        spec["parent"] = parent
-    return {
-        "apiVersion": "fairpool.io/v1alpha1",
-        "kind": "TenantGroup",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
 
 
 def grouped(name: str, group_name: str | None, pools: list[str], **spec: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import tenant_group as group_doc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -57,18 +58,6 @@ def pool_doc(name: str, **scheduler: Any) -> dict[str, Any]:
             "engine": {"kind": "sim"},
             "scheduler": scheduler,
         },
-    }
-
-
-def group_doc(name: str, weight: float = 1.0, parent: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"weight": weight}
-    if parent is not None:
-        spec["parent"] = parent
-    return {
-        "apiVersion": "fairpool.io/v1alpha1",
-        "kind": "TenantGroup",
-        "metadata": {"name": name},
-        "spec": spec,
     }
 
 

@@ -101,6 +101,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_kv_fairness.py
 	$(BIN)/python bench/bench_replicas.py
 	$(BIN)/python bench/bench_tree.py
+	$(BIN)/python bench/bench_bands.py
 
 # The routers the gateway is compared with, from PyPI (Rust binaries in wheels).
 venv-routers: $(ROUTERS_STAMP)
@@ -136,6 +137,7 @@ bench-smoke: $(STAMP)
 	$(BIN)/python bench/bench_kv_fairness.py --quick > /dev/null
 	$(BIN)/python bench/bench_replicas.py --quick --replicas 1,2 --cases weights,processes > /dev/null
 	$(BIN)/python bench/bench_tree.py --quick > /dev/null
+	$(BIN)/python bench/bench_bands.py --quick > /dev/null
 	@echo "bench-smoke: ok"
 
 ## The VTC and DLPM papers' headline results, re-run: docs/results.md and docs/img/results-*.png.

@@ -131,19 +131,23 @@ def gateways(
     store: LocalStore | None,
     logs: Path,
     limits: dict[str, Any] | None = None,
-    max_outstanding: int = GATEWAY_MAX_OUTSTANDING,
+    max_outstanding: int | None = GATEWAY_MAX_OUTSTANDING,
     cores: str | None = None,
     fair_engines: bool = False,
     processes: int = 1,
     shared: bool = True,
 ) -> Iterator[list[RunningProxy]]:
-    """`count` gateways with one configuration, each ready on its own port."""
+    """`count` gateways with one configuration, each ready on its own port
+    (`max_outstanding` None: the pool's default saturation)."""
     started: list[RunningProxy] = []
     try:
         for _ in range(count):
             port = free_port()
             config = gateway_config(port, free_ports_from(processes), workers, tenants, None)
-            config["pools"][0]["routing"]["saturation"]["maxOutstanding"] = max_outstanding
+            if max_outstanding is None:
+                del config["pools"][0]["routing"]["saturation"]
+            else:
+                config["pools"][0]["routing"]["saturation"]["maxOutstanding"] = max_outstanding
             config["pools"][0]["fairEngines"] = fair_engines
             if store is not None and shared:
                 config["sharedState"] = {"url": store.url, "replicas": count}
@@ -601,12 +605,16 @@ def setups(text: str) -> list[str]:
     return names
 
 
+ALL_CASES = {"overhead", "limits", "outage", "weights", "processes"}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--cases",
-        default="overhead,limits,outage,weights,processes",
-        help="overhead, limits, outage, weights, processes",
+        default=",".join(sorted(ALL_CASES)),
+        help="of overhead, limits, outage, weights, processes; a part of them is recorded "
+        "as bench/results/replicas-CASES",
     )
     parser.add_argument("--outage-seconds", type=float, default=10.0, help="each third")
     parser.add_argument("--rate", type=float, default=200.0, help="overhead: requests/s")
@@ -642,6 +650,8 @@ def main(argv: list[str] | None = None) -> None:
         settings.overhead_seconds = 4.0
         settings.outage_seconds = 3.0
     cases = set(settings.cases.split(","))
+    if cases - ALL_CASES:
+        parser.error(f"--cases: {', '.join(sorted(cases - ALL_CASES))} is not a case")
     logs = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     results: dict[str, Any] = {"settings": {k: v for k, v in vars(settings).items()}}
     try:
@@ -660,6 +670,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results))
     if not settings.quick:
         name = "replicas"
+        if cases != ALL_CASES:  # a part of the run keeps its own record
+            name += "-" + "-".join(sorted(cases))
         if settings.max_outstanding != GATEWAY_MAX_OUTSTANDING:
             name += f"-outstanding-{settings.max_outstanding}"
         write_results(name, json.loads(json.dumps(results)), table(results))

@@ -201,6 +201,8 @@ class EngineOptions:
     policy: str = "dlpm"
     #: tenant weights for the engines' scheduler configuration (none: all equal)
     weights: dict[str, float] = field(default_factory=dict)
+    #: tenants' priority bands for the engines' scheduler configuration (none: standard)
+    bands: dict[str, str] = field(default_factory=dict)
     #: length of the vectors /v1/embeddings returns (None: engine-sim's default)
     embedding_dim: int | None = None
 
@@ -228,9 +230,12 @@ class EngineOptions:
             command += ["--max-model-len", str(self.max_model_len)]
         if self.embedding_dim is not None:
             command += ["--embedding-dim", str(self.embedding_dim)]
-        if self.weights:
+        if self.weights or self.bands:
+            scheduler: dict[str, Any] = {"policy": self.policy, "tenants": self.weights}
+            if self.bands:
+                scheduler["tenantBands"] = self.bands
             config = logs / f"scheduler-{port}.yaml"
-            config.write_text(yaml.safe_dump({"policy": self.policy, "tenants": self.weights}))
+            config.write_text(yaml.safe_dump(scheduler))
             command += ["--scheduler-config", str(config)]
         return command
 
@@ -270,6 +275,7 @@ class Tenant:
 
     name: str
     weight: float = 1.0
+    band: str | None = None  # its slo.class (None: the standard band)
 
     @property
     def key(self) -> str:
@@ -557,6 +563,7 @@ def gateway_config(
                 "tenant": tenant.name,
                 "weight": tenant.weight,
                 "apiKeySha256": [key_digest(tenant.key)],
+                **({"slo": {"class": tenant.band}} if tenant.band else {}),
             }
             for tenant in tenants
         ],

@@ -79,11 +79,14 @@ class CapacityGate:
         in the engine's queue (not started) — an engine keeps the weights only between the
         tenants it holds, and a tenant whose requests all went to the worker caching its
         prefix would get that worker's share alone; routing (D2LPM's locality) chooses
-        among the workers tied for fewest. While an engine queues (it reported requests
-        waiting: it runs all it can), a tenant not above its weighted share of the requests
-        in flight here may keep up to `tenantWaiting` waiting there whatever the
-        thresholds: every tenant with work then has requests in that engine's queue, and
-        its fair scheduler decides between them, whichever replica sent them. While an
+        among the workers tied for fewest. While an engine holds requests it does not
+        start (it runs all it can), every tenant may keep up to `tenantWaiting` waiting
+        there whatever the thresholds: every tenant with work then has requests in that
+        engine's queue, and its fair scheduler decides between them, whichever replica
+        sent them. (Keeping a tenant above its share of the requests in flight here to
+        the thresholds left it out of engines' queues within a step: a DLPM engine that
+        admits the last waiting request of a tenant with credit refills the others
+        without it, and weights 4 : 1 came out 6.4–7.4 : 1.) While an
         engine runs all it is sent, its scheduler decides nothing — a batch serves every
         running request alike, so the mix sent decides the shares — and the thresholds
         hold: requests wait here, where the fair queue decides (with the other replicas'
@@ -94,13 +97,14 @@ class CapacityGate:
         by_thresholds = self.open_by_thresholds(limits, tenant)
         if tenant is None or not self.fair_engines:
             return by_thresholds
-        beyond = limits.tenant_waiting if self.queue.below_share(tenant) is not None else 0
         open_to_tenant = {}
         for worker in router.workers:
             if router.room(worker) == 0:
                 continue
             count = self.not_started(worker, tenant)
-            if worker in by_thresholds or (count < beyond and self.engine_holds(worker)):
+            if worker in by_thresholds or (
+                count < limits.tenant_waiting and self.engine_holds(worker)
+            ):
                 open_to_tenant[worker] = count
         fewest = min(open_to_tenant.values(), default=0)
         return [worker for worker, count in open_to_tenant.items() if count == fewest]

@@ -1,5 +1,6 @@
 """What a trace request may ask beyond its tokens, in the simulated fleet: a client that hangs
-up (`cancel_after`, `stream`), a band below its tenant's (`band`), and the output it
+up (`cancel_after`, `stream`), a band below its tenant's (`band`), another request it waits
+for (`after`: a tree of thoughts' child sent when its parent finishes), and the output it
 reserves at the front (the pool's `maxModelLen`) — each settled or refused by the core's
 rule, as the gateway does (`fairpool.front.charges`, `fairpool.sched.tree.flow`)."""
 
@@ -22,6 +23,7 @@ from fairpool.sim.engine import StepTime
 from fairpool.sim.fleet import ClosedLoop, Fleet, FleetConfig
 from fairpool.sim.run import SimulationOptions, fleet_config
 from fairpool.sim.trace import TraceError, TraceRequest, read_trace, write_trace
+from fairpool.sim.workloads import generate
 from fairpool_cli.main import main
 
 pytestmark = pytest.mark.unit
@@ -242,8 +244,8 @@ def test_the_sim_command_refuses_a_band_above_naming_the_line_and_runs_clients_i
 
 def test_the_new_fields_round_trip_through_a_trace_file(tmp_path: Path):
     requests = [
-        request(0.0, band="batch", cancel_after=1.5, stream=False),
-        request(0.5),
+        request(0.0, band="batch", cancel_after=1.5, stream=False, output_segment="x"),
+        request(0.5, after="x"),
     ]
     path = tmp_path / "t.jsonl"
     write_trace(requests, path)
@@ -253,7 +255,14 @@ def test_the_new_fields_round_trip_through_a_trace_file(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("band", "gold"), ("cancel_after", -1), ("cancel_after", "soon"), ("stream", "yes")],
+    [
+        ("band", "gold"),
+        ("cancel_after", -1),
+        ("cancel_after", "soon"),
+        ("stream", "yes"),
+        ("after", ""),
+        ("after", 5),
+    ],
 )
 def test_bad_new_fields_are_refused_naming_line_and_field(field: str, value: object):
     record = {"t": 0, "tenant": "a", "segments": [[None, 5]], "output_tokens": 1, field: value}
@@ -266,3 +275,47 @@ def test_weights_alone_still_run_every_request_in_its_tenants_flow():
     fleet = Fleet(FleetConfig(step_time=FAST, weights=TenantWeights({"a": 2.0})))
     fleet.run([request(0.0), request(0.1, "b")])
     assert {c.request.tenant for c in fleet.recorder.completions} == {"a", "b"}
+
+
+# ---------------------------------------------------------------- dependencies
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    height=st.integers(1, 3),
+    level_gap=st.sampled_from([0.0, 0.05, 5.0]),
+)
+def test_a_closed_loop_tree_sends_each_thought_once_its_parent_finished(
+    seed: int, height: int, level_gap: float
+):
+    """`after`: a request is sent at its own time or when the request generating the
+    segment it names finishes, whichever is later, and then runs like any other."""
+    trace = generate(
+        "dlpm_tree_of_thoughts",
+        4.0,
+        seed=seed,
+        clients=2,
+        rate=0.5,
+        height=height,
+        level_gap=level_gap,
+        closed_loop=True,
+    )
+    recorder = fleet_with(Settlements()).run(trace)
+    done = {c.request.request_id: c for c in recorder.completions}
+    assert len(done) == len(trace)
+    producer = {r.output_segment: f"q{i}" for i, r in enumerate(trace)}
+    for index, sent in enumerate(trace):
+        child = done[f"q{index}"]
+        if sent.after is None:
+            assert child.request.arrival == sent.t
+            continue
+        parent = done[producer[sent.after]]
+        assert child.request.arrival == max(sent.t, parent.finished_at)
+        assert child.admitted_at >= parent.finished_at
+
+
+def test_a_request_waiting_for_a_segment_nobody_generates_is_refused():
+    with pytest.raises(ConfigError) as refused:
+        fleet_with(Settlements()).run([request(0.0), request(0.0, after="nobody")])
+    assert refused.value.parameter == "request 1: after"

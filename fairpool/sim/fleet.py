@@ -25,7 +25,8 @@ import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Literal
 
 from fairpool.api.inference_pool import Saturation
@@ -225,6 +226,9 @@ class Fleet:
         self._trace: dict[str, tuple[TraceRequest, Sequence[int]]] = {}
         self._flights: dict[str, Flight] = {}
         self._streams: dict[str, ClosedLoop] = {}  # request id → its closed-loop client
+        #: Trace requests that wait for another (`after`), by the segment they wait for.
+        self._held: dict[str, list[tuple[int, TraceRequest]]] = {}
+        self._awaited: dict[str, str] = {}  # request id → its output segment, awaited
         self._sent = 0
         self._end = math.inf
         for front in self.fronts:
@@ -352,12 +356,13 @@ class Fleet:
         end = math.inf if duration is None else duration
         self._end = self.recorder.horizon = end
         self._sent = len(trace)
+        ready = self._hold_dependents(trace)
         for client in clients:
             if client.think_time == 0:  # its next request is always ready: backlogged
                 self.recorder.client_waiting(self._flow(client.request(0.0)), +1, 0.0)
             for _ in range(client.streams):
                 self._at(0.0, lambda client=client: self._send(client))  # type: ignore[misc]
-        arrivals = sorted(enumerate(trace), key=lambda item: (item[1].t, item[0]))
+        arrivals = sorted(ready, key=lambda item: (item[1].t, item[0]))
         next_arrival = 0
         # Busy engines by (clock, position): only an engine's own step moves its clock
         # while it is busy, and only a step (done, or stalled: requests wait but the
@@ -393,6 +398,36 @@ class Fleet:
         self._drain_front_events()
         self.recorder.close(ran_until)
         return self.recorder
+
+    def _hold_dependents(self, trace: Sequence[TraceRequest]) -> list[tuple[int, TraceRequest]]:
+        """Set aside the requests that wait for another (`after`), to be sent when it
+        finishes; returns the others, numbered. ConfigError if one waits for a segment no
+        request of the trace generates."""
+        producers = {
+            request.output_segment: f"q{index}"
+            for index, request in enumerate(trace)
+            if request.output_segment is not None
+        }
+        ready = []
+        for index, request in enumerate(trace):
+            if request.after is None:
+                ready.append((index, request))
+            elif request.after not in producers:
+                raise ConfigError(
+                    f"request {index}: after", f"no request generates {request.after!r}"
+                )
+            else:
+                self._held.setdefault(request.after, []).append((index, request))
+                self._awaited[producers[request.after]] = request.after
+        return ready
+
+    def _release(self, segment: str) -> None:
+        """The request generating `segment` finished: send those waiting for it, now or
+        at their own time if later."""
+        for index, request in self._held.pop(segment, []):
+            moment = max(request.t, self.now)
+            waited = replace(request, t=moment)
+            self._at(moment, partial(self._arrive, index, waited))
 
     def _send(self, client: ClosedLoop, held: bool = False) -> None:
         """One stream of a closed-loop client sends its next request, now (`held`: it was
@@ -607,6 +642,9 @@ class Fleet:
             flight.settle(outcome)
 
         self._at(completion.finished_at, settle)
+        segment = self._awaited.pop(completion.request.request_id, None)
+        if segment is not None:
+            self._at(completion.finished_at, lambda: self._release(segment))
 
     def evicted(self, engine: SimEngine, tokens: Sequence[int], keep: int) -> None:
         for front in self.fronts:  # every replica's prefix tree stands for the engines' caches

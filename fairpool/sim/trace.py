@@ -21,6 +21,10 @@
 - `cancel_after` (optional): seconds after its arrival at which its client hangs up
   (absent: never); `stream` (optional, default true): whether its answer is streamed,
   which decides what a hang-up is charged (`fairpool.front.charges`).
+- `after` (optional): the `output_segment` of another request of the trace, which this
+  one waits for: it is sent at `t` or when that request finishes, whichever is later
+  (a tree of thoughts' child needs its parent's thought), and never if that request
+  does not finish.
 
 Bad lines raise `TraceError` naming the line and the field; nothing is half-loaded.
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -66,6 +70,8 @@ class TraceRequest:
     #: Whether its answer is streamed: a hang-up is charged what the stream delivered;
     #: one of an answer not streamed, its whole output reservation.
     stream: bool = True
+    #: The `output_segment` of the request it waits for (None: it is sent at `t`).
+    after: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -98,6 +104,8 @@ class TraceRequest:
             record["cancel_after"] = round(self.cancel_after, 6)
         if not self.stream:
             record["stream"] = False
+        if self.after is not None:
+            record["after"] = self.after
         return record
 
 
@@ -123,6 +131,7 @@ def parse_request(
         "band",
         "cancel_after",
         "stream",
+        "after",
     }
     unknown = set(record) - fields
     if unknown:
@@ -161,9 +170,8 @@ def parse_request(
             slo = SLO(ttft=raw_slo.get("ttft"), tbt=raw_slo.get("tbt"))
         except ConfigError as error:
             raise fail(error.parameter, error.problem) from None
-    output_segment = record.get("output_segment")
-    if output_segment is not None and (not isinstance(output_segment, str) or not output_segment):
-        raise fail("output_segment", f"must be a non-empty string or null, got {output_segment!r}")
+    output_segment = _segment_name(record, "output_segment", fail)
+    after = _segment_name(record, "after", fail)
     band = record.get("band")
     if band is not None and band not in BAND_NAMES:
         raise fail("band", f"must be one of {', '.join(BAND_NAMES)}, got {band!r}")
@@ -188,6 +196,7 @@ def parse_request(
         band,
         None if cancel_after is None else float(cancel_after),
         stream,
+        after,
     )
     if shares is not None:
         try:
@@ -195,6 +204,16 @@ def parse_request(
         except ConfigError as error:
             raise fail("band", error.problem) from None
     return request
+
+
+def _segment_name(
+    record: dict[str, Any], field: str, fail: Callable[[str, str], TraceError]
+) -> str | None:
+    """An optional segment name field: a non-empty string, or absent/null."""
+    name = record.get(field)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise fail(field, f"must be a non-empty string or null, got {name!r}")
+    return name
 
 
 def read_trace(source: str | Path | TextIO, shares: Shares | None = None) -> list[TraceRequest]:

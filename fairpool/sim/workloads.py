@@ -373,10 +373,12 @@ def _tree(
     thought_tokens: int,
     max_tokens: int,
     level_gap: float,
+    closed_loop: bool = False,
 ) -> list[TraceRequest]:
     """One tree of thoughts: `branching` requests per node, `height` levels below the
     question, Σ_{k=1..height} branching^k requests. A request's prompt is the question and
-    the thoughts on its path; its output becomes the named segment its children append."""
+    the thoughts on its path; its output becomes the named segment its children append.
+    With `closed_loop`, a child also waits for its parent to finish (`after`)."""
     base = f"{tenant}/tree{tree}"
     requests = []
     level: list[tuple[str, tuple[Segment, ...]]] = [("", ((f"{base}/q", question_tokens),))]
@@ -384,12 +386,12 @@ def _tree(
         time = start + depth * level_gap
         deeper = []
         for path, prompt in level:
+            parent = f"{base}/{path}" if closed_loop and path else None
             for branch in range(branching):
                 node = f"{path}.{branch}" if path else str(branch)
                 thought = f"{base}/{node}"
-                requests.append(
-                    _request(time, tenant, prompt, thought_tokens, max_tokens, None, thought)
-                )
+                request = _request(time, tenant, prompt, thought_tokens, max_tokens, None, thought)
+                requests.append(replace(request, after=parent))
                 deeper.append((node, (*prompt, (thought, thought_tokens))))
         level = deeper
     return requests
@@ -500,6 +502,7 @@ def dlpm_tree_of_thoughts(
     max_tokens: int = 256,
     level_gap: float = 5.0,
     cv: float = 1.0,
+    closed_loop: bool = False,
 ) -> list[TraceRequest]:
     """[DLPM] Tree-of-Thoughts (GSM8K, height 4; Table 2, Fig. 6, Fig. 9): each client
     starts `rate` trees/s; every request's prompt is the question plus the whole path of
@@ -509,7 +512,9 @@ def dlpm_tree_of_thoughts(
     requests per tree against 30 for 2 branches; "S2", c0's questions are `prefix_factor`
     (10) times longer (Fig. 9 does this with 3 branches). The question (90) and thought
     (200) lengths are ours, chosen so a 2-branch tree's mean prompt is the paper's 546
-    tokens with outputs up to 256. Level k arrives (k-1)·`level_gap` after the tree."""
+    tokens with outputs up to 256. Level k arrives (k-1)·`level_gap` after the tree; with
+    `closed_loop`, each request also waits for its parent to finish (the trace's `after`),
+    as a ToT program can expand a thought only once it is generated."""
     span = _check_common(duration, seed)
     count, tree_rate, spread, mode = _program_clients(clients, rate, cv, misbehave)
     normal = require_count("branching", branching, minimum=1)
@@ -520,6 +525,8 @@ def dlpm_tree_of_thoughts(
     thought = require_count("thought_tokens", thought_tokens, minimum=1)
     cap = require_count("max_tokens", max_tokens, minimum=thought)
     gap = require_non_negative("level_gap", level_gap)
+    if not isinstance(closed_loop, bool):
+        raise ConfigError("closed_loop", f"must be true or false, got {closed_loop!r}")
     requests = []
     for index in range(count):
         tenant = f"c{index}"
@@ -528,7 +535,9 @@ def dlpm_tree_of_thoughts(
         length = max(1, round(question * (long_factor if heavy and mode == "S2" else 1.0)))
         times = gamma_arrivals(tree_rate, 0.0, span, stream(seed, "tot", tenant), spread)
         for tree, time in enumerate(times):
-            requests += _tree(tenant, tree, time, length, fan, levels, thought, cap, gap)
+            requests += _tree(
+                tenant, tree, time, length, fan, levels, thought, cap, gap, closed_loop
+            )
     return _finish(requests, span)
 
 

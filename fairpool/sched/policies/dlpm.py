@@ -40,10 +40,11 @@ Choices the paper leaves open (reference digest §B.4), made here:
    refill refills the siblings (the flows under the same node that have work). Over a flat
    table of tenants in one band the siblings are every tenant: Algorithm 1 exactly.
 5. The quantum (the paper tunes Q^u by hand, Fig. 1): `auto` by default, the largest
-   prompt cost w_e·L_input admitted so far, never below 2,048 (`fairpool.sched.quantum`).
-   A tenant whose requests share a cached prefix then keeps the engine for at least one
-   more request after paying for a whole prompt, instead of handing it to another tenant
-   whose prefix evicts its own; the bound, 2(U + Q) with Q ≤ U, is at most 4U. An
+   prompt cost w_e·L_input admitted so far, never below 2,048 (`fairpool.sched.quantum`,
+   where the multiple is discussed). A tenant whose requests share a cached prefix keeps
+   the engine for at least one more request after paying for a whole prompt; with
+   L_input ≤ M the bound 2(U + Q) is at most 4/3 times VTC's 2U at w_e, w_q = 1, 2. How
+   a larger multiple does on workloads it was not chosen on: docs/results.md §9. An
    explicit quantum wins.
 """
 
@@ -60,6 +61,8 @@ from fairpool.sched.requests import EngineView
 
 #: The smallest `auto` quantum, and the quantum before any request was admitted.
 AUTO_QUANTUM_FLOOR = 2048.0
+#: How many of the largest prompts admitted the `auto` quantum holds (choice 5).
+AUTO_QUANTUM_REQUESTS = 1
 #: Below this every integer is a float (2^53).
 _EXACT_INTEGERS = float(2**53)
 
@@ -143,7 +146,9 @@ class DLPM(LocalPolicy):
     def __init__(self, quantum: float | None = None, **options: Any) -> None:
         """`quantum`: Q in service units; None for `auto` (choice 5)."""
         super().__init__(**options)
-        self.quantum_rule = Quantum(quantum, floor=AUTO_QUANTUM_FLOOR)
+        self.quantum_rule = Quantum(
+            quantum, floor=AUTO_QUANTUM_FLOOR, requests=AUTO_QUANTUM_REQUESTS
+        )
         self.deficits: dict[str, float] = defaultdict(float)
         self.refill_rounds = 0
         self._refills: dict[str, int] = defaultdict(int)

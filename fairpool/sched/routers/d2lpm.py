@@ -16,7 +16,9 @@ Algorithm 2. Each (tenant, worker) pair has a deficit q[i,w] with quantum Q^w:
 
 A backlogged tenant thus spreads over all workers once it has used Q^w on its favourites;
 Q^w trades locality for balance and fairness (Q^w = ∞ is unfair, Theorem A.5). Q^w appears
-in no fairness bound (Theorems 5.1, 5.2).
+in no fairness bound (Theorems 5.1, 5.2), but their proof assumes a backlogged tenant
+waits at every worker: with a large finite Q^w they are false until the tenant has spent
+Q^w where it sticks (docs/scheduling.md, "The theorems the tests check").
 
 Q^w is `auto` by default (`fairpool.sched.quantum`): eight times the largest prompt cost
 w_e·L_input dispatched so far, never below 8,192. Dispatch charges the whole prompt and

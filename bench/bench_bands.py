@@ -1,12 +1,14 @@
-"""Priority bands through the real processes: an interactive tenant beside a batch flood.
+"""The fair order through the real processes: priority bands, nested groups, weights.
 
-The simulator's measure 1 of bench/bench_tree.py, run as a user runs it: `fairpool
-engine-sim` workers at real time (`--speedup 1`, Llama-3-8B-on-H100 step times, DLPM, the
-tenants' bands in their scheduler configuration), one `fairpool gateway` process with the
-pool's default saturation (the engines hold queues, as in the simulator's pool), and
-`fairpool load`'s client. Tenant `chat` is in the interactive band (`slo.class`), tenant
-`batch` in the batch band; both send the gateway benchmark's streamed chat requests (a
-shared system prompt, a 120-word question, 64 output tokens).
+First the simulator's measure 1 of bench/bench_tree.py (an interactive tenant beside a
+batch flood), run as a user runs it: `fairpool engine-sim` workers at real time
+(`--speedup 1`, Llama-3-8B-on-H100 step times, DLPM, the tenants' bands in their
+scheduler configuration), one `fairpool gateway` process with the pool's default
+saturation and `fairEngines` on, as the operator renders a DLPM pool (the engines hold
+queues, as in the simulator's pool), and `fairpool load`'s client. Tenant `chat` is in
+the interactive band (`slo.class`), tenant `batch` in the batch band; both send the
+gateway benchmark's streamed chat requests (a shared system prompt, a 120-word question,
+64 output tokens).
 
 Four phases, each on fresh processes or after the last drained:
 
@@ -20,6 +22,18 @@ Four phases, each on fresh processes or after the last drained:
    and the flood's service rate against the capacity the interactive tenant leaves (the
    flood's rate alone minus the interactive tenant's rate in the same run; goal ≥ 0.9×);
 4. both, bands off (both tenants standard, the engines without bands): the same figures.
+
+Then the tree's shares, through the same processes (engines and gateway configured with
+the groups, as the operator renders them), every tenant flooding (`--share-streams`
+closed-loop streams each), each tenant's service from the engines' counters over the
+window:
+
+5. **Nesting**: org A (a TenantGroup of weight 1) holds ten tenants, org B (weight 1) one,
+   whose tenant floods with as many streams as org A's ten together (fewer could not keep
+   it backlogged at half the pool): A against B, goal 1 : 1 within 5 % (flat weights
+   would give 10 : 1).
+6. **Twelve tenants**, weights 1, 1, 2, 2, 3, 3, 4, 4, 5, 6, 7, 8: each tenant's part of
+   the service against its weighted share, goal every tenant within 10 %.
 
 Times here are wall-clock on a shared machine, so the table states the machine; the
 simulator's run of the same shape (bench/results/tree.md) is the one that does not
@@ -63,6 +77,10 @@ ENGINES = 2
 MEMORY_TOKENS = 8192  # per engine, as the simulator's pool (bench_tree.py)
 TTFT_FACTOR, TTFT_SLACK = 1.5, 0.025
 LEFT_GOAL = 0.9
+NEST_TENANTS = 10
+NEST_TOLERANCE = 0.05
+TWELVE_WEIGHTS = (1, 1, 2, 2, 3, 3, 4, 4, 5, 6, 7, 8)
+TWELVE_TOLERANCE = 0.10
 
 
 def say(message: str) -> None:
@@ -88,17 +106,32 @@ def tenants(bands: bool) -> tuple[Tenant, Tenant]:
 
 
 @contextlib.contextmanager
-def pool(bands: bool, logs: Path) -> Iterator[tuple[list[RunningProxy], list[Any]]]:
-    chat, batch = tenants(bands)
+def pool(
+    members: list[Tenant], logs: Path, groups: dict[str, dict[str, Any]] | None = None
+) -> Iterator[tuple[list[RunningProxy], list[Any]]]:
+    """Engines with `members`' weights, bands and groups in their scheduler configuration
+    and one gateway with the same (`fairEngines` on, as the operator sets it for DLPM)."""
     options = EngineOptions(
         speedup=1.0,
         memory_tokens=MEMORY_TOKENS,
         max_model_len=FLOOD_MAX_MODEL_LEN,
-        bands={t.name: t.band for t in (chat, batch) if t.band},
+        weights={t.name: t.weight for t in members},
+        bands={t.name: t.band for t in members if t.band},
+        groups=groups or {},
+        tenant_groups={t.name: t.group for t in members if t.group},
     )
     with (
         started_engines(ENGINES, options, None, logs) as engines,
-        gateways(1, [e.url for e in engines], [chat, batch], None, logs, None) as running,
+        gateways(
+            1,
+            [e.url for e in engines],
+            members,
+            None,
+            logs,
+            None,
+            fair_engines=True,
+            groups=groups,
+        ) as running,
     ):
         yield running, engines
 
@@ -160,28 +193,99 @@ async def run_phase(
 
 def measure(settings: argparse.Namespace, logs: Path) -> dict[str, Any]:
     phases: dict[str, Phase] = {}
-    with pool(True, logs) as (running, engines):
+    with pool(list(tenants(True)), logs) as (running, engines):
         say("1/4 the batch flood alone")
         phases["flood alone"] = asyncio.run(
             run_phase(settings, running, engines, settings.streams, 0.0, True)
         )
     chat_rate = settings.load * phases["flood alone"].requests_per_s["batch"]
-    with pool(True, logs) as (running, engines):
+    with pool(list(tenants(True)), logs) as (running, engines):
         say(f"2/4 the interactive tenant alone, {chat_rate:.2f} requests/s")
         phases["interactive alone"] = asyncio.run(
             run_phase(settings, running, engines, 0, chat_rate, True)
         )
-    with pool(True, logs) as (running, engines):
+    with pool(list(tenants(True)), logs) as (running, engines):
         say("3/4 both, bands on")
         phases["bands on"] = asyncio.run(
             run_phase(settings, running, engines, settings.streams, chat_rate, True)
         )
-    with pool(False, logs) as (running, engines):
+    with pool(list(tenants(False)), logs) as (running, engines):
         say("4/4 both, bands off")
         phases["bands off"] = asyncio.run(
             run_phase(settings, running, engines, settings.streams, chat_rate, False)
         )
     return verdicts(phases, chat_rate)
+
+
+async def flood_service(
+    settings: argparse.Namespace,
+    running: list[RunningProxy],
+    engines: list[Any],
+    members: list[Tenant],
+    streams: dict[str, int],
+) -> dict[str, float]:
+    """Every member flooding with its `streams`: each one's service over the window, from
+    the engines."""
+    flood = Flood(
+        {
+            t.name: (
+                streams[t.name],
+                request_maker(
+                    running[0].proxy, [t], "chat", FLOOD_MAX_TOKENS, FLOOD_QUESTION_WORDS
+                ),
+            )
+            for t in members
+        }
+    )
+    flooding = asyncio.create_task(flood.run(spread_over(running)))
+    async with httpx.AsyncClient(timeout=10) as http:
+        await asyncio.sleep(settings.warmup)
+        before = await scrape(http, engines)
+        await asyncio.sleep(settings.window)
+        after = await scrape(http, engines)
+    flooding.cancel()
+    await asyncio.gather(flooding, return_exceptions=True)
+    return {
+        t.name: sum(after["service"].get(t.name, [0.0])) - sum(before["service"].get(t.name, [0.0]))
+        for t in members
+    }
+
+
+def nesting(settings: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    groups = {"org-a": {"weight": 1.0}, "org-b": {"weight": 1.0}}
+    org_a = [Tenant(f"org-a-{i}", 1.0, None, "org-a") for i in range(NEST_TENANTS)]
+    members = [*org_a, Tenant("org-b-0", 1.0, None, "org-b")]
+    say(f"5 nesting: org A ({NEST_TENANTS} tenants) against org B (1)")
+    # org B's one tenant floods with as many streams as org A's ten together: a tenant
+    # with fewer requests than its half of the engines runs could not be backlogged
+    streams = {t.name: settings.share_streams for t in org_a}
+    streams["org-b-0"] = NEST_TENANTS * settings.share_streams
+    with pool(members, logs, groups) as (running, engines):
+        service = asyncio.run(flood_service(settings, running, engines, members, streams))
+    a = sum(service[t.name] for t in org_a)
+    ratio = a / max(service["org-b-0"], 1.0)
+    return {
+        "service": {name: round(value) for name, value in service.items()},
+        "a_to_b": round(ratio, 4),
+        "met": abs(ratio - 1.0) <= NEST_TOLERANCE,
+    }
+
+
+def twelve(settings: argparse.Namespace, logs: Path) -> dict[str, Any]:
+    members = [Tenant(f"t{i}-w{w}", float(w)) for i, w in enumerate(TWELVE_WEIGHTS)]
+    say("6 twelve tenants, weights " + ", ".join(map(str, TWELVE_WEIGHTS)))
+    streams = {t.name: settings.share_streams for t in members}
+    with pool(members, logs) as (running, engines):
+        service = asyncio.run(flood_service(settings, running, engines, members, streams))
+    total, weights = sum(service.values()), sum(TWELVE_WEIGHTS)
+    parts = {
+        t.name: (service[t.name] / total) / (t.weight / weights) if total else 0.0 for t in members
+    }
+    return {
+        "service": {name: round(value) for name, value in service.items()},
+        "part_over_share": {name: round(value, 4) for name, value in parts.items()},
+        "met": all(abs(value - 1.0) <= TWELVE_TOLERANCE for value in parts.values()),
+    }
 
 
 def verdicts(phases: dict[str, Phase], chat_rate: float) -> dict[str, Any]:
@@ -245,6 +349,20 @@ def table(result: dict[str, Any]) -> str:
             f"{('yes' if row['left_met'] else '**no**') if row['phase'] == 'bands on' else '—'} | "
             f"{phase['chat_errors']} of {phase['chat_requests']} |"
         )
+    nest, many = result["nesting"], result["twelve"]
+    parts = many["part_over_share"]
+    lines += [
+        "",
+        "| tree's shares, every tenant flooding | measured | goal | met |",
+        "|---|---|---|:-:|",
+        f"| org A ({NEST_TENANTS} tenants) : org B (1), groups of weight 1 | "
+        f"{nest['a_to_b']:.3f} : 1 | 1 : 1 within {NEST_TOLERANCE:.0%} | "
+        f"{'yes' if nest['met'] else '**no**'} |",
+        f"| {len(parts)} tenants, weights {', '.join(map(str, TWELVE_WEIGHTS))}: each "
+        f"tenant's part / its weighted share | {min(parts.values()):.3f} to "
+        f"{max(parts.values()):.3f} | 1 within {TWELVE_TOLERANCE:.0%} | "
+        f"{'yes' if many['met'] else '**no**'} |",
+    ]
     on, off = result["rows"]
     lines += [
         "",
@@ -263,13 +381,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--load", type=float, default=0.3, help="interactive rate / flood's")
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--window", type=float, default=40.0)
+    parser.add_argument(
+        "--share-streams", type=int, default=8, help="nesting, twelve: streams per tenant"
+    )
     parser.add_argument("--quick", action="store_true", help="short phases, no record")
     settings = parser.parse_args(argv)
     if settings.quick:
         settings.streams, settings.warmup, settings.window = 16, 2.0, 4.0
+        settings.share_streams = 2
     logs = Path(tempfile.mkdtemp(prefix="bench-bands-"))
     try:
         result = measure(settings, logs)
+        result["nesting"] = nesting(settings, logs)
+        result["twelve"] = twelve(settings, logs)
     finally:
         shutil.rmtree(logs, ignore_errors=True)
     print(table(result))

@@ -136,6 +136,7 @@ def gateways(
     fair_engines: bool = False,
     processes: int = 1,
     shared: bool = True,
+    groups: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[list[RunningProxy]]:
     """`count` gateways with one configuration, each ready on its own port
     (`max_outstanding` None: the pool's default saturation)."""
@@ -143,7 +144,9 @@ def gateways(
     try:
         for _ in range(count):
             port = free_port()
-            config = gateway_config(port, free_ports_from(processes), workers, tenants, None)
+            config = gateway_config(
+                port, free_ports_from(processes), workers, tenants, None, groups
+            )
             if max_outstanding is None:
                 del config["pools"][0]["routing"]["saturation"]
             else:

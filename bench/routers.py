@@ -203,6 +203,9 @@ class EngineOptions:
     weights: dict[str, float] = field(default_factory=dict)
     #: tenants' priority bands for the engines' scheduler configuration (none: standard)
     bands: dict[str, str] = field(default_factory=dict)
+    #: the fair order's groups ({name: {weight, parent}}) and each tenant's group
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tenant_groups: dict[str, str] = field(default_factory=dict)
     #: length of the vectors /v1/embeddings returns (None: engine-sim's default)
     embedding_dim: int | None = None
 
@@ -230,10 +233,13 @@ class EngineOptions:
             command += ["--max-model-len", str(self.max_model_len)]
         if self.embedding_dim is not None:
             command += ["--embedding-dim", str(self.embedding_dim)]
-        if self.weights or self.bands:
+        if self.weights or self.bands or self.groups:
             scheduler: dict[str, Any] = {"policy": self.policy, "tenants": self.weights}
             if self.bands:
                 scheduler["tenantBands"] = self.bands
+            if self.groups:
+                scheduler["groups"] = self.groups
+                scheduler["tenantGroups"] = self.tenant_groups
             config = logs / f"scheduler-{port}.yaml"
             config.write_text(yaml.safe_dump(scheduler))
             command += ["--scheduler-config", str(config)]
@@ -276,6 +282,7 @@ class Tenant:
     name: str
     weight: float = 1.0
     band: str | None = None  # its slo.class (None: the standard band)
+    group: str | None = None  # its TenantGroup (None: directly under its band)
 
     @property
     def key(self) -> str:
@@ -544,7 +551,12 @@ GATEWAY_MAX_OUTSTANDING = 8
 
 
 def gateway_config(
-    port: int, admin_port: int, workers: list[str], tenants: list[Tenant], policy: str | None
+    port: int,
+    admin_port: int,
+    workers: list[str],
+    tenants: list[Tenant],
+    policy: str | None,
+    groups: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The gateway's configuration file, validated by `GatewayConfig`, as a document."""
     pool: dict[str, Any] = {"name": "bench", "model": MODEL, "workers": {"urls": workers}}
@@ -564,10 +576,13 @@ def gateway_config(
                 "weight": tenant.weight,
                 "apiKeySha256": [key_digest(tenant.key)],
                 **({"slo": {"class": tenant.band}} if tenant.band else {}),
+                **({"group": tenant.group} if tenant.group else {}),
             }
             for tenant in tenants
         ],
     }
+    if groups:
+        document["groups"] = groups
     config = GatewayConfig.model_validate(document)
     dumped: dict[str, Any] = json.loads(config.model_dump_json(by_alias=True, exclude_none=True))
     return dumped

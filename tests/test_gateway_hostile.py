@@ -367,8 +367,11 @@ def test_a_client_that_leaves_before_any_answer_is_charged_what_it_could_have_co
             with contextlib.suppress(asyncio.CancelledError):
                 await asking
 
-    with held(engine):  # so the engine has not answered when the client leaves
+    # Held until the gateway has withdrawn the request from the engine: the engine has
+    # not answered when the client leaves, and cannot start before the abort reaches it.
+    with held(engine):
         asyncio.run(leave_once_the_engine_has_it())
+        wait_until(lambda: engine.sim.runner.in_flight == 0)
     wait_until(lambda: nothing_in_flight(pool))
     assert completion_tokens() - before == charged
 

@@ -239,3 +239,20 @@ def test_estimates_carry_students_t_intervals():
     pair = estimate([1.0, 3.0])  # s = √2, s.e. = 1, t(0.975, 1) = 12.706
     assert pair.mean == 2.0 and pair.half_width == pytest.approx(12.706, abs=1e-3)
     assert pair.above(-11) and not pair.above(0) and pair.format(1) == "2.0 ± 12.7"
+
+
+@pytest.mark.parametrize(
+    ("baseline", "ours", "shown"),
+    [
+        ([0.1, 0.3, 0.4, 0.5, 0.3], [0.6, 0.7, 0.7, 0.6, 0.75], "(+"),
+        ([0.0, 0.8, 0.0, 0.7, 0.1], [0.6, 0.7, 0.7, 0.6, 0.75], "(higher; direction only"),
+        ([0.0, 0.8, 0.0, 0.7, 0.1], [0.0, 0.1, 0.0, 0.2, 0.0], "(lower; direction only"),
+    ],
+)
+def test_a_capacity_gain_is_a_ratio_only_over_a_baseline_told_apart_from_zero(
+    baseline, ours, shown
+):
+    low = estimate(baseline).low
+    cell = serving._capacity_cell(estimate(baseline), estimate(ours))
+    assert shown in cell
+    assert ("%" in cell) == (low > 0)

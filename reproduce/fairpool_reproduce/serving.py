@@ -630,7 +630,16 @@ def _slai_headlines(data: dict[str, Any]) -> list[str]:
 
 
 def _capacity_cell(baseline: Estimate, ours: Estimate) -> str:
-    gain = f" ({ours.mean / baseline.mean - 1:+.0%})" if baseline.mean > 0 else ""
+    """The two capacities and the gain — as a ratio only where the baseline is told apart
+    from 0 (its interval above it): a ratio over a baseline that may be 0 measures
+    nothing, so there the cell gives the direction only."""
+    if baseline.low > 0:
+        gain = f" ({ours.mean / baseline.mean - 1:+.0%})"
+    elif ours.mean != baseline.mean:
+        direction = "higher" if ours.mean > baseline.mean else "lower"
+        gain = f" ({direction}; direction only: the baseline's interval includes 0)"
+    else:
+        gain = ""
     return f"{baseline.format(2)} → {ours.format(2)} req/s{gain}"
 
 

@@ -83,7 +83,7 @@ class CapacityGate:
         start (it runs all it can), every tenant may keep up to `tenantWaiting` waiting
         there whatever the thresholds: every tenant with work then has requests in that
         engine's queue, and its fair scheduler decides between them, whichever replica
-        sent them. (Keeping a tenant above its share of the requests in flight here to
+        sent them. (Keeping a tenant at or above its share of the requests in flight here to
         the thresholds left it out of engines' queues within a step: a DLPM engine that
         admits the last waiting request of a tenant with credit refills the others
         without it, and weights 4 : 1 came out 6.4–7.4 : 1.) While an

@@ -67,6 +67,7 @@ from bench_gateway import (
     request_maker,
     scrape,
     sender,
+    served_between,
 )
 from bench_replicas import gateways, spread_over, started_engines
 from routers import EngineOptions, RunningProxy, Tenant
@@ -171,9 +172,7 @@ async def run_phase(
     await client.close()
     seconds = end - start
     service = {
-        name: (sum(after["service"].get(name, [0.0])) - sum(before["service"].get(name, [0.0])))
-        / seconds
-        for name in (chat.name, batch.name)
+        name: served_between(before, after, name) / seconds for name in (chat.name, batch.name)
     }
     answered = {
         batch.name: sum(1 for r in flood.results if r.ok and r.ended and start <= r.ended < end),
@@ -245,10 +244,7 @@ async def flood_service(
         after = await scrape(http, engines)
     flooding.cancel()
     await asyncio.gather(flooding, return_exceptions=True)
-    return {
-        t.name: sum(after["service"].get(t.name, [0.0])) - sum(before["service"].get(t.name, [0.0]))
-        for t in members
-    }
+    return {t.name: served_between(before, after, t.name) for t in members}
 
 
 def nesting(settings: argparse.Namespace, logs: Path) -> dict[str, Any]:

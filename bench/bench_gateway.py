@@ -532,6 +532,11 @@ async def scrape(http: httpx.AsyncClient, engines: list[Process]) -> Scrape:
     return values
 
 
+def served_between(before: Scrape, after: Scrape, tenant: str) -> float:
+    """`tenant`'s service in the engines between two scrapes, summed over the workers."""
+    return sum(after["service"].get(tenant, [0.0])) - sum(before["service"].get(tenant, [0.0]))
+
+
 def client_service(
     results: list[RequestResult], start: float, end: float
 ) -> dict[str, dict[str, float]]:

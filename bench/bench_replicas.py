@@ -88,6 +88,7 @@ from bench_gateway import (
     request_maker,
     scrape,
     sender,
+    served_between,
 )
 from routers import (
     FAIRPOOL,
@@ -334,10 +335,7 @@ async def measure_weights(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    service = {
-        tenant: sum(after["service"].get(tenant, [0.0])) - sum(before["service"].get(tenant, [0.0]))
-        for tenant in (GOLD.name, BRONZE.name)
-    }
+    service = {tenant: served_between(before, after, tenant) for tenant in (GOLD.name, BRONZE.name)}
     errors = sum(1 for load in loads for result in load.results if not result.ok)
     return {
         "replicas": len(running),

@@ -30,8 +30,13 @@ def ratio(
     engines: str = "vtc",
     share_state: bool = True,
     memory_tokens: int = 2048,
+    saturation: Saturation | None = None,
+    clients: list[ClosedLoop] | None = None,
+    end: float = END,
 ) -> float:
-    """gold : bronze service between WARMUP and END, both flooding (24 streams each)."""
+    """gold : bronze service between WARMUP and `end`, both flooding (24 streams each of
+    the same lengths unless `clients` says otherwise), the gateway holding at most 8
+    requests a worker unless `saturation` says otherwise."""
     weights = TenantWeights({"gold": gold_weight, "bronze": 1.0})
     config = FleetConfig.from_profile(
         get_profile("llama2-7b-a10g"),
@@ -40,16 +45,17 @@ def ratio(
         policy=engines,
         router="d2lpm",
         weights=weights,
-        saturation=Saturation(maxOutstanding=8),
+        saturation=saturation or Saturation(maxOutstanding=8),
         gateway_replicas=replicas,
         replica_traffic=traffic,  # type: ignore[arg-type]
         fair_engines=fair_engines,
         share_state=share_state,
     )
-    clients = [ClosedLoop(tenant, 24, 100, 150, 64) for tenant in ("gold", "bronze")]
-    recorder = Fleet(config).run([], duration=END, clients=clients)
+    if clients is None:
+        clients = [ClosedLoop(tenant, 24, 100, 150, 64) for tenant in ("gold", "bronze")]
+    recorder = Fleet(config).run([], duration=end, clients=clients)
     served = {
-        tenant: recorder.service_at(tenant, END) - recorder.service_at(tenant, WARMUP)
+        tenant: recorder.service_at(tenant, end) - recorder.service_at(tenant, WARMUP)
         for tenant in ("gold", "bronze")
     }
     return served["gold"] / served["bronze"]
@@ -108,17 +114,6 @@ def test_dlpm_engines_that_decide_keep_the_weights_with_mixed_lengths(seed):
     6.4-7.4 : 1 over this window. What is left is DLPM's granularity (Theorem 4.1's
     2(U + Q) per engine against the window's service), hence the long window."""
     rng = stream(seed, "flood")
-    end = 300.0
-    weights = TenantWeights({"gold": 4.0, "bronze": 1.0})
-    config = FleetConfig.from_profile(
-        get_profile("llama2-7b-a10g"),
-        memory_tokens=2048,
-        workers=2,
-        policy="dlpm",
-        router="d2lpm",
-        weights=weights,
-        saturation=Saturation(),
-    )
     clients = [
         ClosedLoop(
             tenant,
@@ -130,9 +125,7 @@ def test_dlpm_engines_that_decide_keep_the_weights_with_mixed_lengths(seed):
         for tenant in ("gold", "bronze")
         for _ in range(24)
     ]
-    recorder = Fleet(config).run([], duration=end, clients=clients)
-    served = {
-        tenant: recorder.service_at(tenant, end) - recorder.service_at(tenant, WARMUP)
-        for tenant in ("gold", "bronze")
-    }
-    assert served["gold"] / served["bronze"] == pytest.approx(4.0, rel=0.1)
+    measured = ratio(
+        1, "spread", True, 4.0, "dlpm", saturation=Saturation(), clients=clients, end=300.0
+    )
+    assert measured == pytest.approx(4.0, rel=0.1)

@@ -500,6 +500,36 @@ def dlpm_metrics(run: Run) -> dict[str, Any]:
     }
 
 
+def dlpm_run(
+    workload: str,
+    scale: float,
+    scheme: Scheme,
+    workers: int,
+    memory: int,
+    seed: int,
+    params: Mapping[str, Any] | None = None,
+) -> Run:
+    """One drained run of a [DLPM] workload, `scale` × its duration: `scheme` is (policy,
+    router, Q, Q^w), the workload's per-worker rate scaled to `workers`, `params` added to
+    the workload's."""
+    policy, router, quantum, worker_quantum = scheme
+    duration, rate = DLPM_WORKLOADS[workload]
+    return run_fleet(
+        workload,
+        duration * scale,
+        policy=policy,
+        router=router,
+        workers=workers,
+        profile=DLPM_PROFILE,
+        memory_tokens=memory,
+        quantum=quantum,
+        worker_quantum=worker_quantum,
+        drain=True,
+        seed=seed,
+        params={"rate": rate * workers, **(params or {})},
+    )
+
+
 def _dlpm_suite(
     workers: int,
     schemes: Sequence[Scheme],
@@ -510,27 +540,13 @@ def _dlpm_suite(
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for workload in workloads:
-        duration, rate = DLPM_WORKLOADS[workload]
         rows = []
         settings = ""
         for memory in memories:
-            for policy, router, quantum, worker_quantum in schemes:
+            for scheme in schemes:
                 runs = []
                 for seed in seeds:
-                    run = run_fleet(
-                        workload,
-                        duration * scale,
-                        policy=policy,
-                        router=router,
-                        workers=workers,
-                        profile=DLPM_PROFILE,
-                        memory_tokens=memory,
-                        quantum=quantum,
-                        worker_quantum=worker_quantum,
-                        drain=True,
-                        seed=seed,
-                        params={"rate": rate * workers},
-                    )
+                    run = dlpm_run(workload, scale, scheme, workers, memory, seed)
                     settings = workload_settings(run)
                     runs.append(dlpm_metrics(run))
                 rows.append(over_seeds(runs))
@@ -651,25 +667,19 @@ def tot_check(
     Tree-of-Thoughts ([DLPM] Fig. 7): for each trace mode, each scheme's well-behaved
     tree latency and where it goes — waiting for admission, or decoding (seconds per
     output token, which grows with the batch its worker runs)."""
-    duration, rate = DLPM_WORKLOADS["dlpm_tree_of_thoughts"]
     found: dict[str, list[dict[str, Any]]] = {}
     for mode, extra in TOT_CHECK_MODES.items():
         found[mode] = []
-        for policy, router, quantum, worker_quantum in TOT_CHECK_SCHEMES:
+        for scheme in TOT_CHECK_SCHEMES:
             runs = [
-                run_fleet(
+                dlpm_run(
                     "dlpm_tree_of_thoughts",
-                    duration * scale,
-                    policy=policy,
-                    router=router,
-                    workers=workers,
-                    profile=DLPM_PROFILE,
-                    memory_tokens=DLPM_SINGLE_MEMORY,
-                    quantum=quantum,
-                    worker_quantum=worker_quantum,
-                    drain=True,
-                    seed=seed,
-                    params={"rate": rate * workers, **extra},
+                    scale,
+                    scheme,
+                    workers,
+                    DLPM_SINGLE_MEMORY,
+                    seed,
+                    extra,
                 )
                 for seed in seeds
             ]
